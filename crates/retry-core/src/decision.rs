@@ -1,0 +1,259 @@
+use std::time::Duration;
+
+use crate::{
+    headers::truncate_utf8, DeadLetterReason, Error, FailureKind, HandlerError, HeaderProblem, Headers, RetryHeaders,
+    RetryTopology, Timestamp, TopicName, MAX_ERROR_BYTES,
+};
+
+/// Which topic of the ladder a record was read from: the source topic or one
+/// of the retry rungs. Obtained from [`RetryPolicy::stage_of`] or
+/// [`RetryPolicy::stages`], so a retry stage always names an existing rung.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Stage(Option<usize>);
+
+impl Stage {
+    /// The source topic: the first attempt.
+    pub const SOURCE: Stage = Stage(None);
+
+    /// The rung index (0 is the first retry topic), or `None` for the source.
+    pub fn rung(self) -> Option<usize> {
+        self.0
+    }
+}
+
+/// What the decision function needs to know about a record.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordMeta<'a> {
+    /// The topic it was read from.
+    pub topic: &'a str,
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset.
+    pub offset: i64,
+    /// Its timestamp, if it has one.
+    pub timestamp: Option<Timestamp>,
+    /// Its headers, ours and the producer's.
+    pub headers: &'a Headers,
+}
+
+/// What to do with a record once its handler returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Done: commit the offset.
+    Commit,
+    /// Publish the record's key and value with `headers` to `topic`; once the
+    /// broker acknowledged the publish, commit the offset. The retry
+    /// consumer handles it again at `due_at`.
+    Retry {
+        /// The next rung's topic.
+        topic: TopicName,
+        /// When the record becomes due on that topic.
+        due_at: Timestamp,
+        /// Every header of the new record: the producer's and ours.
+        headers: Headers,
+    },
+    /// Publish the record's key and value with `headers` to the dead-letter
+    /// topic; once acknowledged, commit the offset.
+    DeadLetter {
+        /// The dead-letter topic.
+        topic: TopicName,
+        /// Why the record is dead-lettered (also in `x-dead-letter-reason`).
+        reason: DeadLetterReason,
+        /// Every header of the new record: the producer's and ours.
+        headers: Headers,
+    },
+}
+
+/// Tunables of a [`RetryPolicy`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyConfig {
+    /// Dead-letter a record instead of retrying it when its retry would be
+    /// due later than this long after its first failure. `None`: only the
+    /// schedule bounds retries.
+    pub deadline: Option<Duration>,
+    /// How much later than its rung's delay a record may become due, to allow
+    /// for clocks of different hosts; bounds the harm of a bad `x-retry-due-at`.
+    pub max_clock_skew: Duration,
+}
+
+impl Default for PolicyConfig {
+    /// No deadline; 1 s of clock skew.
+    fn default() -> Self {
+        PolicyConfig { deadline: None, max_clock_skew: Duration::from_secs(1) }
+    }
+}
+
+/// The decision function of one listener's ladder.
+///
+/// Attempts are bounded by construction: attempt 1 is on the source topic,
+/// attempt `n + 1` on rung `n - 1`, and a failure on the last rung goes to
+/// the dead-letter topic. Nothing is ever retried forever, and a failed
+/// record always leaves with a [`Decision::Retry`] or
+/// [`Decision::DeadLetter`]: nothing is dropped.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    topology: RetryTopology,
+    config: PolicyConfig,
+}
+
+impl RetryPolicy {
+    /// A policy for `topology`.
+    pub fn new(topology: RetryTopology, config: PolicyConfig) -> Self {
+        RetryPolicy { topology, config }
+    }
+
+    /// The ladder's topics.
+    pub fn topology(&self) -> &RetryTopology {
+        &self.topology
+    }
+
+    /// The policy's tunables.
+    pub fn config(&self) -> &PolicyConfig {
+        &self.config
+    }
+
+    /// The stage a record read from `topic` is at; `None` for the
+    /// dead-letter topic and for topics outside the ladder.
+    pub fn stage_of(&self, topic: &str) -> Option<Stage> {
+        self.stages().find(|(_, t)| t.as_str() == topic).map(|(stage, _)| stage)
+    }
+
+    /// Every consumed topic with its stage: the source, then each rung.
+    pub fn stages(&self) -> impl Iterator<Item = (Stage, &TopicName)> {
+        std::iter::once((Stage::SOURCE, self.topology.source_topic()))
+            .chain(self.topology.retry_topics().enumerate().map(|(i, (_, topic))| (Stage(Some(i)), topic)))
+    }
+
+    /// Decides what happens to `record`, read at `stage`, given its handler's
+    /// `outcome`, at time `now`.
+    ///
+    /// - success: [`Decision::Commit`];
+    /// - a permanent failure: dead-letter (`permanent-failure`);
+    /// - a transient failure: the next rung, due `now` + its delay; after the
+    ///   last rung dead-letter (`retries-exhausted`); past the configured
+    ///   deadline dead-letter (`deadline-exceeded`);
+    /// - any failure of a retry-topic record whose retry headers cannot be
+    ///   decoded, or whose attempt count contradicts its rung: dead-letter
+    ///   (`corrupt-retry-headers`), with the decoding error in `x-error`.
+    pub fn decide(
+        &self,
+        stage: Stage,
+        record: &RecordMeta<'_>,
+        outcome: &Result<(), HandlerError>,
+        now: Timestamp,
+    ) -> Decision {
+        let error = match outcome {
+            Ok(()) => return Decision::Commit,
+            Err(error) => error,
+        };
+        let failed_attempts = attempts_failed_at(stage);
+        let mut next = match stage.rung() {
+            // The ladder begins here. A replayed record carries its replay
+            // count forward; a producer's garbage in that header counts as 0.
+            None => RetryHeaders {
+                attempt: failed_attempts,
+                original_topic: self.topology.source_topic().clone(),
+                original_partition: record.partition,
+                original_offset: record.offset,
+                original_timestamp: record.timestamp,
+                first_failure_at: now,
+                due_at: None,
+                error_kind: error.kind(),
+                error: String::new(),
+                dead_letter_reason: None,
+                replay_count: RetryHeaders::decode_replay_count(record.headers).unwrap_or(0),
+            },
+            Some(rung) => match previous_headers(rung, record.headers) {
+                Ok(previous) => {
+                    RetryHeaders { attempt: failed_attempts, due_at: None, dead_letter_reason: None, ..previous }
+                }
+                Err(corrupt) => {
+                    let headers = RetryHeaders {
+                        attempt: failed_attempts,
+                        original_topic: TopicName::new(record.topic)
+                            .unwrap_or_else(|_| self.topology.source_topic().clone()),
+                        original_partition: record.partition,
+                        original_offset: record.offset,
+                        original_timestamp: record.timestamp,
+                        first_failure_at: now,
+                        due_at: None,
+                        error_kind: error.kind(),
+                        error: format!("{corrupt}; last failure: {}", error.message()),
+                        dead_letter_reason: None,
+                        replay_count: 0,
+                    };
+                    return self.dead_letter(DeadLetterReason::CorruptRetryHeaders, headers, record.headers);
+                }
+            },
+        };
+        next.error_kind = error.kind();
+        next.error = truncate_utf8(error.message(), MAX_ERROR_BYTES).to_owned();
+
+        if error.kind() == FailureKind::Permanent {
+            return self.dead_letter(DeadLetterReason::PermanentFailure, next, record.headers);
+        }
+        let next_rung = stage.rung().map_or(0, |rung| rung + 1);
+        let Some((rung, topic)) = self.topology.retry_topics().nth(next_rung) else {
+            return self.dead_letter(DeadLetterReason::RetriesExhausted, next, record.headers);
+        };
+        let due_at = now.saturating_add(rung.delay());
+        if let Some(deadline) = self.config.deadline {
+            if due_at > next.first_failure_at.saturating_add(deadline) {
+                return self.dead_letter(DeadLetterReason::DeadlineExceeded, next, record.headers);
+            }
+        }
+        next.due_at = Some(due_at);
+        Decision::Retry { topic: topic.clone(), due_at, headers: with_retry_headers(record.headers, &next) }
+    }
+
+    /// When a record read at `stage` becomes due: at once on the source; on a
+    /// retry rung at `x-retry-due-at`, or the record's timestamp plus the
+    /// rung's delay when that header is absent or malformed, or `now` plus
+    /// the delay when there is no timestamp either. Never later than `now` +
+    /// delay + `max_clock_skew`, so no header can park a partition for long.
+    pub fn due_at(&self, stage: Stage, record: &RecordMeta<'_>, now: Timestamp) -> Timestamp {
+        let Some(delay) = stage.rung().and_then(|i| self.topology.schedule().rungs().get(i)).map(|r| r.delay()) else {
+            return now;
+        };
+        let from_header = RetryHeaders::decode(record.headers).ok().and_then(|h| h.due_at);
+        let candidate = from_header.unwrap_or_else(|| record.timestamp.unwrap_or(now).saturating_add(delay));
+        candidate.min(now.saturating_add(delay.saturating_add(self.config.max_clock_skew)))
+    }
+
+    fn dead_letter(&self, reason: DeadLetterReason, mut next: RetryHeaders, original: &Headers) -> Decision {
+        next.dead_letter_reason = Some(reason);
+        next.due_at = None;
+        Decision::DeadLetter {
+            topic: self.topology.dead_letter_topic().clone(),
+            reason,
+            headers: with_retry_headers(original, &next),
+        }
+    }
+}
+
+/// How many attempts have failed once the handler failed at `stage`.
+fn attempts_failed_at(stage: Stage) -> u32 {
+    // Rung indices are below MAX_RUNGS, so this cannot truncate.
+    stage.rung().map_or(1, |rung| rung as u32 + 2)
+}
+
+fn previous_headers(rung: usize, headers: &Headers) -> Result<RetryHeaders, Error> {
+    let previous = RetryHeaders::decode(headers)?;
+    let expected = rung as u32 + 1;
+    if previous.attempt != expected {
+        return Err(Error::CorruptHeader {
+            header: crate::header_names::ATTEMPT,
+            problem: HeaderProblem::Mismatch { expected: expected.to_string(), found: previous.attempt.to_string() },
+        });
+    }
+    Ok(previous)
+}
+
+fn with_retry_headers(original: &Headers, ours: &RetryHeaders) -> Headers {
+    let mut headers = original.clone();
+    ours.encode_into(&mut headers);
+    headers
+}
+
+#[cfg(test)]
+mod tests;

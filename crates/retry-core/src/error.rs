@@ -1,0 +1,76 @@
+use std::fmt;
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `retry-core`: invalid configuration
+/// (schedules, topic names) and headers that cannot be decoded.
+///
+/// Messages are meant for operators: they name the offending input and,
+/// where there is one, the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A retry schedule string or list of delays was rejected.
+    #[error("invalid retry schedule {input:?}: {reason}")]
+    InvalidSchedule {
+        /// The schedule as given.
+        input: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// A topic name, given or derived, breaks Kafka's naming rules.
+    #[error("invalid topic name {name:?}: {reason}")]
+    InvalidTopicName {
+        /// The offending name (possibly truncated for display by the caller).
+        name: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+    /// One of our retry headers is missing or malformed.
+    #[error("retry header {header} {problem}")]
+    CorruptHeader {
+        /// The header's name, e.g. `x-retry-attempt`.
+        header: &'static str,
+        /// What is wrong with it.
+        problem: HeaderProblem,
+    },
+}
+
+/// What is wrong with a retry header; part of [`Error::CorruptHeader`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderProblem {
+    /// The header is absent but required at this stage.
+    Missing,
+    /// The value is not valid UTF-8.
+    NotUtf8,
+    /// The value is not a decimal integer in range.
+    NotANumber(String),
+    /// The value is a negative number where only non-negative ones make sense.
+    Negative(String),
+    /// The value is not one of the known words (e.g. an unknown error kind).
+    UnknownValue(String),
+    /// The value contradicts the topic the record was read from.
+    Mismatch {
+        /// The value the topic implies.
+        expected: String,
+        /// The value found in the header.
+        found: String,
+    },
+}
+
+impl fmt::Display for HeaderProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderProblem::Missing => f.write_str("is missing"),
+            HeaderProblem::NotUtf8 => f.write_str("is not valid UTF-8"),
+            HeaderProblem::NotANumber(v) => write!(f, "is not a number in range: {v:?}"),
+            HeaderProblem::Negative(v) => write!(f, "is negative: {v:?}"),
+            HeaderProblem::UnknownValue(v) => write!(f, "has an unknown value: {v:?}"),
+            HeaderProblem::Mismatch { expected, found } => {
+                write!(f, "is {found:?} but the topic implies {expected:?}")
+            }
+        }
+    }
+}

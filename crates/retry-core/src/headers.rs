@@ -1,0 +1,534 @@
+use std::{collections::BTreeMap, fmt};
+
+use crate::{Error, FailureKind, HeaderProblem, Result, Timestamp, TopicName};
+
+/// The most bytes of a handler's error message kept in `x-error`.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
+/// The names of the headers `retry-core` writes. Every other header belongs to
+/// the producer and passes through the ladder untouched.
+pub mod header_names {
+    /// How many delivery attempts have failed so far (1 after the source topic).
+    pub const ATTEMPT: &str = "x-retry-attempt";
+    /// The topic where this pass through the ladder began.
+    pub const ORIGINAL_TOPIC: &str = "x-original-topic";
+    /// The partition of the original record.
+    pub const ORIGINAL_PARTITION: &str = "x-original-partition";
+    /// The offset of the original record.
+    pub const ORIGINAL_OFFSET: &str = "x-original-offset";
+    /// The original record's timestamp, in ms since the epoch (absent when it had none).
+    pub const ORIGINAL_TIMESTAMP: &str = "x-original-timestamp";
+    /// When the first attempt failed, in ms since the epoch.
+    pub const FIRST_FAILURE_AT: &str = "x-first-failure-at";
+    /// When a retry record becomes due, in ms since the epoch (retry topics only).
+    pub const DUE_AT: &str = "x-retry-due-at";
+    /// `transient` or `permanent`: the kind of the last failure.
+    pub const ERROR_KIND: &str = "x-error-kind";
+    /// The last failure's message, truncated to 1 KiB.
+    pub const ERROR: &str = "x-error";
+    /// Why the record was dead-lettered (dead-letter topic only).
+    pub const DEAD_LETTER_REASON: &str = "x-dead-letter-reason";
+    /// How many times operators replayed the record from the dead-letter topic.
+    pub const REPLAY_COUNT: &str = "x-replay-count";
+
+    /// Every header name above.
+    pub const ALL: [&str; 11] = [
+        ATTEMPT,
+        ORIGINAL_TOPIC,
+        ORIGINAL_PARTITION,
+        ORIGINAL_OFFSET,
+        ORIGINAL_TIMESTAMP,
+        FIRST_FAILURE_AT,
+        DUE_AT,
+        ERROR_KIND,
+        ERROR,
+        DEAD_LETTER_REASON,
+        REPLAY_COUNT,
+    ];
+
+    /// Whether `name` is one of ours.
+    pub fn is_retry_header(name: &str) -> bool {
+        ALL.contains(&name)
+    }
+}
+
+use header_names as names;
+
+/// A record's headers, in order. Kafka allows a name to repeat; lookups see
+/// the last value, as Kafka's own `lastHeader` does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Headers(Vec<(String, Vec<u8>)>);
+
+impl Headers {
+    /// No headers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The last value of header `name`.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_slice())
+    }
+
+    /// Sets `name` to `value`, replacing every earlier value of `name`.
+    pub fn insert(&mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) {
+        let name = name.into();
+        self.remove(&name);
+        self.0.push((name, value.into()));
+    }
+
+    /// Removes every value of `name`.
+    pub fn remove(&mut self, name: &str) {
+        self.0.retain(|(k, _)| k != name);
+    }
+
+    /// The headers in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &[u8])> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_slice()))
+    }
+
+    /// How many headers there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The producer's headers: these headers without ours.
+    pub fn without_retry_headers(&self) -> Headers {
+        Headers(self.0.iter().filter(|(k, _)| !names::is_retry_header(k)).cloned().collect())
+    }
+}
+
+impl FromIterator<(String, Vec<u8>)> for Headers {
+    fn from_iter<I: IntoIterator<Item = (String, Vec<u8>)>>(iter: I) -> Self {
+        Headers(iter.into_iter().collect())
+    }
+}
+
+impl IntoIterator for Headers {
+    type Item = (String, Vec<u8>);
+    type IntoIter = std::vec::IntoIter<(String, Vec<u8>)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl From<BTreeMap<String, Vec<u8>>> for Headers {
+    fn from(map: BTreeMap<String, Vec<u8>>) -> Self {
+        map.into_iter().collect()
+    }
+}
+
+impl From<Headers> for BTreeMap<String, Vec<u8>> {
+    /// One value per name (the last), as transports with map headers need.
+    fn from(headers: Headers) -> Self {
+        headers.0.into_iter().collect()
+    }
+}
+
+/// Why a record went to the dead-letter topic (`x-dead-letter-reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeadLetterReason {
+    /// The handler failed permanently (4xx, validation, bad payload, panic).
+    PermanentFailure,
+    /// Every rung of the schedule was tried and failed.
+    RetriesExhausted,
+    /// The overall deadline since the first failure passed.
+    DeadlineExceeded,
+    /// A record on a retry topic carried retry headers that cannot be decoded.
+    CorruptRetryHeaders,
+}
+
+impl DeadLetterReason {
+    /// The header value, e.g. `retries-exhausted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::PermanentFailure => "permanent-failure",
+            DeadLetterReason::RetriesExhausted => "retries-exhausted",
+            DeadLetterReason::DeadlineExceeded => "deadline-exceeded",
+            DeadLetterReason::CorruptRetryHeaders => "corrupt-retry-headers",
+        }
+    }
+
+    /// Every reason.
+    pub const ALL: [DeadLetterReason; 4] = [
+        DeadLetterReason::PermanentFailure,
+        DeadLetterReason::RetriesExhausted,
+        DeadLetterReason::DeadlineExceeded,
+        DeadLetterReason::CorruptRetryHeaders,
+    ];
+
+    fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for DeadLetterReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The retry headers of a record on a retry or dead-letter topic, decoded.
+///
+/// Values are ASCII decimal numbers (timestamps in ms since the epoch) or
+/// fixed words, so operators can read them with any Kafka tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryHeaders {
+    /// How many delivery attempts have failed so far.
+    pub attempt: u32,
+    /// Where this pass through the ladder began.
+    pub original_topic: TopicName,
+    /// The original record's partition.
+    pub original_partition: i32,
+    /// The original record's offset.
+    pub original_offset: i64,
+    /// The original record's timestamp, if it had one.
+    pub original_timestamp: Option<Timestamp>,
+    /// When the first attempt failed.
+    pub first_failure_at: Timestamp,
+    /// When the record becomes due (retry topics only).
+    pub due_at: Option<Timestamp>,
+    /// The kind of the last failure.
+    pub error_kind: FailureKind,
+    /// The last failure's message (at most [`MAX_ERROR_BYTES`] once encoded).
+    pub error: String,
+    /// Why the record was dead-lettered (dead-letter topic only).
+    pub dead_letter_reason: Option<DeadLetterReason>,
+    /// How often operators replayed the record (0 when the header is absent).
+    pub replay_count: u32,
+}
+
+impl RetryHeaders {
+    /// Decodes our headers from `headers`. Total: any missing or malformed
+    /// header gives [`Error::CorruptHeader`], never a panic. Optional headers
+    /// (`x-original-timestamp`, `x-retry-due-at`, `x-dead-letter-reason`,
+    /// `x-replay-count`) may be absent, but not malformed.
+    pub fn decode(headers: &Headers) -> Result<Self> {
+        let original_topic = required(headers, names::ORIGINAL_TOPIC, |s| {
+            TopicName::new(s).map_err(|_| HeaderProblem::UnknownValue(s.to_owned()))
+        })?;
+        Ok(RetryHeaders {
+            attempt: required(headers, names::ATTEMPT, parse_number)?,
+            original_topic,
+            original_partition: required(headers, names::ORIGINAL_PARTITION, parse_number)?,
+            original_offset: required(headers, names::ORIGINAL_OFFSET, parse_number)?,
+            original_timestamp: optional(headers, names::ORIGINAL_TIMESTAMP, parse_timestamp)?,
+            first_failure_at: required(headers, names::FIRST_FAILURE_AT, parse_timestamp)?,
+            due_at: optional(headers, names::DUE_AT, parse_timestamp)?,
+            error_kind: required(headers, names::ERROR_KIND, |s| {
+                FailureKind::parse(s).ok_or_else(|| HeaderProblem::UnknownValue(s.to_owned()))
+            })?,
+            error: required(headers, names::ERROR, |s| Ok(s.to_owned()))?,
+            dead_letter_reason: optional(headers, names::DEAD_LETTER_REASON, |s| {
+                DeadLetterReason::parse(s).ok_or_else(|| HeaderProblem::UnknownValue(s.to_owned()))
+            })?,
+            replay_count: optional(headers, names::REPLAY_COUNT, parse_number)?.unwrap_or(0),
+        })
+    }
+
+    /// Decodes only `x-replay-count` (0 when absent): the one header a record
+    /// on a source topic carries forward, after a replay.
+    pub fn decode_replay_count(headers: &Headers) -> Result<u32> {
+        Ok(optional(headers, names::REPLAY_COUNT, parse_number)?.unwrap_or(0))
+    }
+
+    /// Writes these headers into `headers`: every header of ours already there
+    /// is removed first (so a hop replaces, never appends), the producer's
+    /// headers are kept as they are, and `error` is truncated to
+    /// [`MAX_ERROR_BYTES`] on a UTF-8 boundary.
+    pub fn encode_into(&self, headers: &mut Headers) {
+        headers.0.retain(|(k, _)| !names::is_retry_header(k));
+        let mut put = |name: &str, value: String| headers.0.push((name.to_owned(), value.into_bytes()));
+        put(names::ATTEMPT, self.attempt.to_string());
+        put(names::ORIGINAL_TOPIC, self.original_topic.to_string());
+        put(names::ORIGINAL_PARTITION, self.original_partition.to_string());
+        put(names::ORIGINAL_OFFSET, self.original_offset.to_string());
+        if let Some(t) = self.original_timestamp {
+            put(names::ORIGINAL_TIMESTAMP, t.as_millis().to_string());
+        }
+        put(names::FIRST_FAILURE_AT, self.first_failure_at.as_millis().to_string());
+        if let Some(t) = self.due_at {
+            put(names::DUE_AT, t.as_millis().to_string());
+        }
+        put(names::ERROR_KIND, self.error_kind.as_str().to_owned());
+        put(names::ERROR, truncate_utf8(&self.error, MAX_ERROR_BYTES).to_owned());
+        if let Some(reason) = self.dead_letter_reason {
+            put(names::DEAD_LETTER_REASON, reason.as_str().to_owned());
+        }
+        put(names::REPLAY_COUNT, self.replay_count.to_string());
+    }
+}
+
+/// The longest prefix of `s` that is at most `max` bytes and ends on a
+/// character boundary.
+pub(crate) fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn text<'a>(headers: &'a Headers, name: &'static str) -> Result<Option<&'a str>> {
+    headers
+        .get(name)
+        .map(|v| {
+            std::str::from_utf8(v).map_err(|_| Error::CorruptHeader { header: name, problem: HeaderProblem::NotUtf8 })
+        })
+        .transpose()
+}
+
+fn optional<T>(
+    headers: &Headers,
+    name: &'static str,
+    parse: impl FnOnce(&str) -> Result<T, HeaderProblem>,
+) -> Result<Option<T>> {
+    text(headers, name)?.map(|s| parse(s).map_err(|problem| Error::CorruptHeader { header: name, problem })).transpose()
+}
+
+fn required<T>(
+    headers: &Headers,
+    name: &'static str,
+    parse: impl FnOnce(&str) -> Result<T, HeaderProblem>,
+) -> Result<T> {
+    optional(headers, name, parse)?.ok_or(Error::CorruptHeader { header: name, problem: HeaderProblem::Missing })
+}
+
+/// A non-negative decimal integer: digits only, no sign, no spaces.
+fn parse_number<T: std::str::FromStr>(s: &str) -> Result<T, HeaderProblem> {
+    let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    if s.strip_prefix('-').is_some_and(digits) {
+        return Err(HeaderProblem::Negative(s.to_owned()));
+    }
+    if !digits(s) {
+        return Err(HeaderProblem::NotANumber(s.to_owned()));
+    }
+    s.parse().map_err(|_| HeaderProblem::NotANumber(s.to_owned()))
+}
+
+fn parse_timestamp(s: &str) -> Result<Timestamp, HeaderProblem> {
+    parse_number::<i64>(s).map(Timestamp::from_millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> RetryHeaders {
+        RetryHeaders {
+            attempt: 2,
+            original_topic: TopicName::new("orders.confirmed").unwrap(),
+            original_partition: 3,
+            original_offset: 42,
+            original_timestamp: Some(Timestamp::from_millis(1_700_000_000_000)),
+            first_failure_at: Timestamp::from_millis(1_700_000_000_100),
+            due_at: Some(Timestamp::from_millis(1_700_000_030_100)),
+            error_kind: FailureKind::Transient,
+            error: "provider answered 503".into(),
+            dead_letter_reason: None,
+            replay_count: 0,
+        }
+    }
+
+    fn encoded(h: &RetryHeaders) -> Headers {
+        let mut headers = Headers::new();
+        h.encode_into(&mut headers);
+        headers
+    }
+
+    #[test]
+    fn encodes_readable_text() {
+        let got: Vec<(String, String)> =
+            encoded(&sample()).iter().map(|(k, v)| (k.to_owned(), String::from_utf8(v.to_vec()).unwrap())).collect();
+        let want = [
+            ("x-retry-attempt", "2"),
+            ("x-original-topic", "orders.confirmed"),
+            ("x-original-partition", "3"),
+            ("x-original-offset", "42"),
+            ("x-original-timestamp", "1700000000000"),
+            ("x-first-failure-at", "1700000000100"),
+            ("x-retry-due-at", "1700000030100"),
+            ("x-error-kind", "transient"),
+            ("x-error", "provider answered 503"),
+            ("x-replay-count", "0"),
+        ];
+        assert_eq!(got, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
+    }
+
+    /// Decodes `sample()` with header `name` set to `value` (or removed).
+    #[track_caller]
+    fn check(name: &str, value: Option<&[u8]>, expected: Result<(), Error>) {
+        let mut headers = encoded(&sample());
+        match value {
+            Some(v) => headers.insert(name, v),
+            None => headers.remove(name),
+        }
+        assert_eq!(RetryHeaders::decode(&headers).map(|_| ()), expected, "{name} = {value:?}");
+    }
+
+    fn corrupt(header: &'static str, problem: HeaderProblem) -> Result<(), Error> {
+        Err(Error::CorruptHeader { header, problem })
+    }
+
+    #[test]
+    fn decoding_is_total() {
+        use HeaderProblem::*;
+        let s = |v: &str| NotANumber(v.to_owned());
+        check(names::ATTEMPT, None, corrupt(names::ATTEMPT, Missing));
+        check(names::ATTEMPT, Some(b""), corrupt(names::ATTEMPT, s("")));
+        check(names::ATTEMPT, Some(b"two"), corrupt(names::ATTEMPT, s("two")));
+        check(names::ATTEMPT, Some(b" 2"), corrupt(names::ATTEMPT, s(" 2")));
+        check(names::ATTEMPT, Some(b"+2"), corrupt(names::ATTEMPT, s("+2")));
+        check(names::ATTEMPT, Some(b"2.0"), corrupt(names::ATTEMPT, s("2.0")));
+        check(names::ATTEMPT, Some(b"-1"), corrupt(names::ATTEMPT, Negative("-1".into())));
+        check(names::ATTEMPT, Some(b"4294967296"), corrupt(names::ATTEMPT, s("4294967296")));
+        check(names::ATTEMPT, Some(b"\xff\xfe"), corrupt(names::ATTEMPT, NotUtf8));
+        check(names::ORIGINAL_TOPIC, None, corrupt(names::ORIGINAL_TOPIC, Missing));
+        check(
+            names::ORIGINAL_TOPIC,
+            Some(b"no spaces please"),
+            corrupt(names::ORIGINAL_TOPIC, UnknownValue("no spaces please".into())),
+        );
+        check(names::ORIGINAL_PARTITION, Some(b"2147483648"), corrupt(names::ORIGINAL_PARTITION, s("2147483648")));
+        check(names::ORIGINAL_PARTITION, Some(b"-3"), corrupt(names::ORIGINAL_PARTITION, Negative("-3".into())));
+        check(names::ORIGINAL_OFFSET, Some(b"-1"), corrupt(names::ORIGINAL_OFFSET, Negative("-1".into())));
+        check(
+            names::ORIGINAL_OFFSET,
+            Some(b"9223372036854775808"),
+            corrupt(names::ORIGINAL_OFFSET, s("9223372036854775808")),
+        );
+        check(names::ORIGINAL_TIMESTAMP, None, Ok(()));
+        check(names::ORIGINAL_TIMESTAMP, Some(b"-1"), corrupt(names::ORIGINAL_TIMESTAMP, Negative("-1".into())));
+        check(names::FIRST_FAILURE_AT, None, corrupt(names::FIRST_FAILURE_AT, Missing));
+        check(names::DUE_AT, None, Ok(()));
+        check(names::DUE_AT, Some(b"soon"), corrupt(names::DUE_AT, s("soon")));
+        check(names::ERROR_KIND, Some(b"fatal"), corrupt(names::ERROR_KIND, UnknownValue("fatal".into())));
+        check(names::ERROR, None, corrupt(names::ERROR, Missing));
+        check(names::ERROR, Some(b""), Ok(()));
+        check(names::ERROR, Some(b"\xc3"), corrupt(names::ERROR, NotUtf8));
+        check(names::DEAD_LETTER_REASON, Some(b"retries-exhausted"), Ok(()));
+        check(
+            names::DEAD_LETTER_REASON,
+            Some(b"bored"),
+            corrupt(names::DEAD_LETTER_REASON, UnknownValue("bored".into())),
+        );
+        check(names::REPLAY_COUNT, None, Ok(()));
+        check(names::REPLAY_COUNT, Some(b"x"), corrupt(names::REPLAY_COUNT, s("x")));
+    }
+
+    #[test]
+    fn corrupt_header_messages_name_the_header() {
+        let e = Error::CorruptHeader { header: names::ATTEMPT, problem: HeaderProblem::NotANumber("two".into()) };
+        assert_eq!(e.to_string(), r#"retry header x-retry-attempt is not a number in range: "two""#);
+        let e = Error::CorruptHeader { header: names::ERROR, problem: HeaderProblem::Missing };
+        assert_eq!(e.to_string(), "retry header x-error is missing");
+    }
+
+    #[test]
+    fn error_is_truncated_on_a_char_boundary() {
+        let mut h = sample();
+        h.error = "é".repeat(600); // 1200 bytes, 2 per char
+        let decoded = RetryHeaders::decode(&encoded(&h)).unwrap();
+        assert_eq!(decoded.error, "é".repeat(512));
+        assert_eq!(truncate_utf8("aé", 2), "a");
+        assert_eq!(truncate_utf8("abc", 3), "abc");
+        assert_eq!(truncate_utf8("", 0), "");
+    }
+
+    #[test]
+    fn a_hop_replaces_our_headers_and_keeps_the_producers() {
+        let mut headers: Headers = [
+            ("traceparent".to_owned(), b"00-abc-01".to_vec()),
+            (names::ATTEMPT.to_owned(), b"1".to_vec()),
+            (names::DEAD_LETTER_REASON.to_owned(), b"bogus".to_vec()),
+            ("content-type".to_owned(), b"application/json".to_vec()),
+            (names::ATTEMPT.to_owned(), b"7".to_vec()),
+        ]
+        .into_iter()
+        .collect();
+        sample().encode_into(&mut headers);
+        let ours = headers.iter().filter(|(k, _)| names::is_retry_header(k)).count();
+        assert_eq!(ours, 10, "each of ours once; no stale x-dead-letter-reason");
+        assert_eq!(
+            headers.without_retry_headers().iter().collect::<Vec<_>>(),
+            [("traceparent", &b"00-abc-01"[..]), ("content-type", &b"application/json"[..])]
+        );
+        assert_eq!(RetryHeaders::decode(&headers).unwrap(), sample());
+    }
+
+    #[test]
+    fn headers_lookup_sees_the_last_value() {
+        let mut h: Headers = [("a".to_owned(), b"1".to_vec()), ("a".to_owned(), b"2".to_vec())].into_iter().collect();
+        assert_eq!(h.get("a"), Some(&b"2"[..]));
+        h.insert("a", "3");
+        assert_eq!(h.len(), 1);
+        let map: BTreeMap<String, Vec<u8>> = h.clone().into();
+        assert_eq!(Headers::from(map), h);
+    }
+
+    fn retry_headers() -> impl Strategy<Value = RetryHeaders> {
+        let ts = || prop_oneof![Just(0i64), 0..i64::MAX, Just(i64::MAX)].prop_map(Timestamp::from_millis);
+        (
+            (any::<u32>(), "[a-zA-Z0-9._-]{1,249}", 0..=i32::MAX, 0..=i64::MAX),
+            (proptest::option::of(ts()), ts(), proptest::option::of(ts())),
+            (prop_oneof![Just(FailureKind::Transient), Just(FailureKind::Permanent)], "\\PC{0,600}"),
+            (proptest::option::of(proptest::sample::select(DeadLetterReason::ALL.to_vec())), any::<u32>()),
+        )
+            .prop_filter_map("topic names . and .. are invalid", |(a, b, c, d)| {
+                Some(RetryHeaders {
+                    attempt: a.0,
+                    original_topic: TopicName::new(a.1).ok()?,
+                    original_partition: a.2,
+                    original_offset: a.3,
+                    original_timestamp: b.0,
+                    first_failure_at: b.1,
+                    due_at: b.2,
+                    error_kind: c.0,
+                    error: c.1,
+                    dead_letter_reason: d.0,
+                    replay_count: d.1,
+                })
+            })
+    }
+
+    fn foreign_headers() -> impl Strategy<Value = Vec<(String, Vec<u8>)>> {
+        proptest::collection::vec(("[a-z-]{1,12}", proptest::collection::vec(any::<u8>(), 0..16)), 0..6)
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(h in retry_headers(), foreign in foreign_headers()) {
+            let foreign: Headers = foreign.into_iter().filter(|(k, _)| !names::is_retry_header(k)).collect();
+            let mut headers = foreign.clone();
+            h.encode_into(&mut headers);
+            let decoded = RetryHeaders::decode(&headers).unwrap();
+            let mut expected = h.clone();
+            expected.error = truncate_utf8(&h.error, MAX_ERROR_BYTES).to_owned();
+            prop_assert_eq!(decoded, expected);
+            prop_assert_eq!(headers.without_retry_headers(), foreign);
+            // Encoding twice is encoding once: sizes stay bounded along the ladder.
+            let once = headers.clone();
+            h.encode_into(&mut headers);
+            prop_assert_eq!(headers, once);
+        }
+
+        #[test]
+        fn decode_never_panics(raw in proptest::collection::vec(
+            (proptest::sample::select(names::ALL.to_vec()), proptest::collection::vec(any::<u8>(), 0..24)), 0..16)
+        ) {
+            let headers: Headers = raw.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            let _ = RetryHeaders::decode(&headers);
+            let _ = RetryHeaders::decode_replay_count(&headers);
+        }
+    }
+}

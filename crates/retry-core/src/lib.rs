@@ -1,0 +1,62 @@
+//! `retry-core` decides what happens to a Kafka record whose handler failed,
+//! for the retry-topic pattern: `orders` -> `orders.retry-5s` -> `orders.retry-30s`
+//! -> ... -> `orders.dlq`.
+//!
+//! It is sans-IO: it never reads a clock, opens a socket or spawns a task. The
+//! caller passes the record's metadata, the handler's outcome and `now`, and
+//! gets back a [`Decision`]: commit, republish to a retry topic at a due time,
+//! or dead-letter with a reason. The transport (for example `retry-kafka`)
+//! executes decisions; everything about attempts, delays, topic names and
+//! headers is decided, and tested, here.
+//!
+//! The pieces:
+//! - [`RetrySchedule`]: the ladder's delays, parsed from `"5s,30s,5m"`.
+//! - [`RetryTopology`]: the topic names derived from a source topic and a schedule.
+//! - [`RetryHeaders`]: the `x-retry-*`/`x-original-*` headers carried along the ladder.
+//! - [`HandlerError`], [`FailureKind`], [`classify_http_status`]: what is worth retrying.
+//! - [`RetryPolicy`]: the decision function, and the due time of a retry record.
+//!
+//! ```
+//! use retry_core::{
+//!     Decision, HandlerError, Headers, RecordMeta, RetryPolicy, RetrySchedule, RetryTopology,
+//!     Stage, Timestamp,
+//! };
+//!
+//! let schedule: RetrySchedule = "5s,30s,5m".parse().unwrap();
+//! let topology = RetryTopology::new("orders.confirmed", &schedule).unwrap();
+//! let policy = RetryPolicy::new(topology, Default::default());
+//!
+//! let headers = Headers::default();
+//! let record = RecordMeta {
+//!     topic: "orders.confirmed",
+//!     partition: 0,
+//!     offset: 42,
+//!     timestamp: Some(Timestamp::from_millis(1_000)),
+//!     headers: &headers,
+//! };
+//! let now = Timestamp::from_millis(2_000);
+//! let outcome = Err(HandlerError::transient("billing provider answered 503"));
+//! match policy.decide(Stage::SOURCE, &record, &outcome, now) {
+//!     Decision::Retry { topic, due_at, .. } => {
+//!         assert_eq!(topic.as_str(), "orders.confirmed.retry-5s");
+//!         assert_eq!(due_at, Timestamp::from_millis(7_000));
+//!     }
+//!     other => panic!("unexpected {other:?}"),
+//! }
+//! ```
+
+mod decision;
+mod error;
+mod failure;
+mod headers;
+mod schedule;
+mod time;
+mod topic;
+
+pub use decision::{Decision, PolicyConfig, RecordMeta, RetryPolicy, Stage};
+pub use error::{Error, HeaderProblem, Result};
+pub use failure::{classify_http_status, FailureKind, HandlerError};
+pub use headers::{header_names, DeadLetterReason, Headers, RetryHeaders, MAX_ERROR_BYTES};
+pub use schedule::{RetrySchedule, Rung, MAX_DELAY, MAX_RUNGS};
+pub use time::Timestamp;
+pub use topic::{RetryTopology, TopicName, MAX_TOPIC_NAME_BYTES};

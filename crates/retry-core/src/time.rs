@@ -1,0 +1,59 @@
+use std::time::Duration;
+
+/// A point in time as Kafka sees it: milliseconds since the Unix epoch.
+///
+/// `retry-core` never reads a clock; callers pass `now` as a `Timestamp`.
+/// Arithmetic saturates, so a hostile header can never overflow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(i64);
+
+impl Timestamp {
+    /// A timestamp from milliseconds since the Unix epoch.
+    pub const fn from_millis(millis: i64) -> Self {
+        Timestamp(millis)
+    }
+
+    /// Milliseconds since the Unix epoch.
+    pub const fn as_millis(self) -> i64 {
+        self.0
+    }
+
+    /// `self + d`, saturating at the representable maximum.
+    pub fn saturating_add(self, d: Duration) -> Self {
+        let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        Timestamp(self.0.saturating_add(ms))
+    }
+
+    /// How long from `self` until `later`; zero when `later` is not after `self`.
+    pub fn until(self, later: Timestamp) -> Duration {
+        let ms = later.0.saturating_sub(self.0);
+        Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+    }
+}
+
+impl From<std::time::SystemTime> for Timestamp {
+    /// Converts a wall-clock reading; times before the epoch become the epoch.
+    fn from(t: std::time::SystemTime) -> Self {
+        let ms = t
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        Timestamp(ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic_saturates() {
+        let max = Timestamp::from_millis(i64::MAX);
+        assert_eq!(max.saturating_add(Duration::from_secs(1)), max);
+        assert_eq!(max.saturating_add(Duration::MAX), max);
+        let t = Timestamp::from_millis(1_000);
+        assert_eq!(t.until(Timestamp::from_millis(500)), Duration::ZERO);
+        assert_eq!(t.until(Timestamp::from_millis(1_250)), Duration::from_millis(250));
+        assert_eq!(Timestamp::from_millis(i64::MIN).until(max), Duration::from_millis(i64::MAX as u64));
+    }
+}
