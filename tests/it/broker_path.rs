@@ -1,0 +1,61 @@
+//! The broker path itself: what every later test relies on.
+
+use std::collections::BTreeMap;
+
+use chrono::{TimeZone, Utc};
+use integration::{rskafka_client, unique_topic, within};
+use rskafka::{
+    client::partition::{Compression, OffsetAt, UnknownTopicHandling},
+    record::Record,
+};
+
+#[tokio::test]
+async fn create_produce_and_fetch_a_record_with_headers() {
+    let client = rskafka_client().await;
+    let topic = unique_topic("broker-path");
+    let controller = client.controller_client().unwrap();
+    within("create_topic", controller.create_topic(&topic, 2, 1, 10_000)).await.unwrap();
+
+    let partition =
+        within("partition_client", client.partition_client(&topic, 1, UnknownTopicHandling::Retry)).await.unwrap();
+    let headers = BTreeMap::from([
+        ("x-retry-attempt".to_owned(), b"1".to_vec()),
+        ("binary".to_owned(), vec![0, 159, 146, 150]),
+        ("empty".to_owned(), vec![]),
+    ]);
+    let records: Vec<Record> = (0..3)
+        .map(|i| Record {
+            key: Some(format!("key-{i}").into_bytes()),
+            value: Some(format!("{{\"n\":{i}}}").into_bytes()),
+            headers: headers.clone(),
+            timestamp: Utc.timestamp_millis_opt(1_700_000_000_000 + i).unwrap(),
+        })
+        .collect();
+    let offsets = within("produce", partition.produce(records.clone(), Compression::NoCompression)).await.unwrap();
+    assert_eq!(offsets, [0, 1, 2]);
+
+    let (fetched, high_watermark) =
+        within("fetch_records", partition.fetch_records(0, 1..1_000_000, 1_000)).await.unwrap();
+    assert_eq!(high_watermark, 3);
+    let fetched: Vec<(i64, Record)> = fetched.into_iter().map(|r| (r.offset, r.record)).collect();
+    assert_eq!(fetched, offsets.into_iter().zip(records).collect::<Vec<_>>());
+
+    // Fetching from the middle of a batch returns the rest of it.
+    let (tail, _) = within("fetch_records", partition.fetch_records(2, 1..1_000_000, 1_000)).await.unwrap();
+    assert_eq!(tail.iter().map(|r| r.offset).collect::<Vec<_>>(), [2]);
+
+    assert_eq!(within("get_offset", partition.get_offset(OffsetAt::Latest)).await.unwrap(), 3);
+    assert_eq!(within("get_offset", partition.get_offset(OffsetAt::Earliest)).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn topics_are_never_auto_created() {
+    let client = rskafka_client().await;
+    let topic = unique_topic("absent");
+    let topics = within("list_topics", client.list_topics()).await.unwrap();
+    assert!(topics.iter().all(|t| t.name != topic));
+    let result = within("partition_client", client.partition_client(&topic, 0, UnknownTopicHandling::Error)).await;
+    assert!(result.is_err(), "a partition client for a topic nobody created must fail");
+    let topics = within("list_topics", client.list_topics()).await.unwrap();
+    assert!(topics.iter().all(|t| t.name != topic), "{topic} was auto-created");
+}

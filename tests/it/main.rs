@@ -1,0 +1,4 @@
+//! Integration tests against a real broker: `cargo xtask integration`.
+//! One binary, one module per area.
+
+mod broker_path;

@@ -1,0 +1,356 @@
+//! The test broker: tansu (a Kafka-compatible broker in Rust) on loopback,
+//! or Apache Kafka under Docker where a Docker engine exists.
+
+use std::{
+    fmt::Write as _,
+    fs,
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context};
+
+use crate::{
+    paths::{cache_dir, cargo, state_dir, workspace_root},
+    process,
+};
+
+/// The tansu release we test against; its cache entry is keyed by it.
+pub(crate) const TANSU_VERSION: &str = "0.6.0";
+
+/// How long a starting broker may take to answer a Metadata request.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// What `cargo xtask broker` does.
+#[derive(clap::Subcommand)]
+pub(crate) enum Action {
+    /// Start the broker (installing tansu on first use) and wait until it answers.
+    Up {
+        /// Run Apache Kafka with `docker compose` (needs a Docker engine) instead of tansu.
+        #[arg(long)]
+        docker: bool,
+        /// Port for tansu to listen on (default: a free ephemeral port).
+        #[arg(long, conflicts_with = "docker")]
+        port: Option<u16>,
+    },
+    /// Stop the broker that `up` started and delete its data.
+    Down,
+    /// Say whether the broker is running and answering, and where.
+    Status,
+}
+
+pub(crate) fn run(action: Action) -> anyhow::Result<()> {
+    match action {
+        Action::Up { docker, port } => {
+            if let Some(broker) = Broker::load()? {
+                if broker.answers() {
+                    println!("broker already running at {} ({})", broker.addr, broker.describe());
+                    println!("KAFKA_RETRY_BROKERS={}", broker.addr);
+                    return Ok(());
+                }
+                eprintln!("a stale broker record was found; cleaning it up");
+                broker.stop()?;
+            }
+            let broker = if docker { Broker::start_docker()? } else { Broker::start_tansu(port)? };
+            println!("broker running at {} ({})", broker.addr, broker.describe());
+            println!("KAFKA_RETRY_BROKERS={}", broker.addr);
+            Ok(())
+        }
+        Action::Down => match Broker::load()? {
+            Some(broker) => {
+                broker.stop()?;
+                println!("broker at {} stopped", broker.addr);
+                Ok(())
+            }
+            None => {
+                println!("no broker is running (nothing recorded in {})", state_file().display());
+                Ok(())
+            }
+        },
+        Action::Status => match Broker::load()? {
+            Some(broker) if broker.answers() => {
+                println!("running at {} ({})", broker.addr, broker.describe());
+                Ok(())
+            }
+            Some(broker) => {
+                bail!(
+                    "broker recorded at {} ({}) does not answer: run `cargo xtask broker down`",
+                    broker.addr,
+                    broker.describe()
+                )
+            }
+            None => bail!("no broker is running: start one with `cargo xtask broker up`"),
+        },
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tansu,
+    Docker,
+}
+
+/// A broker that `up` started, as recorded in the state file.
+#[derive(Debug)]
+pub(crate) struct Broker {
+    kind: Kind,
+    /// `host:port` for clients.
+    pub(crate) addr: String,
+    /// tansu's pid, which also leads its process group.
+    pid: Option<u32>,
+    /// tansu's temporary storage and log.
+    data_dir: Option<PathBuf>,
+}
+
+fn state_file() -> PathBuf {
+    state_dir().join("broker.state")
+}
+
+fn compose_file() -> PathBuf {
+    workspace_root().join("docker").join("compose.yaml")
+}
+
+impl Broker {
+    /// The broker recorded by an earlier `up`, if any.
+    pub(crate) fn load() -> anyhow::Result<Option<Broker>> {
+        let path = state_file();
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let field = |name: &str| {
+            text.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('='))).map(str::to_owned)
+        };
+        let kind = match field("kind").as_deref() {
+            Some("tansu") => Kind::Tansu,
+            Some("docker") => Kind::Docker,
+            other => bail!("{} is corrupt (kind {other:?}): delete it", path.display()),
+        };
+        let addr = field("addr").with_context(|| format!("{} has no addr: delete it", path.display()))?;
+        let pid = field("pid").map(|p| p.parse()).transpose().context("corrupt pid in the broker state")?;
+        Ok(Some(Broker { kind, addr, pid, data_dir: field("data_dir").map(PathBuf::from) }))
+    }
+
+    fn save(&self) -> anyhow::Result<()> {
+        let mut text = String::new();
+        let kind = match self.kind {
+            Kind::Tansu => "tansu",
+            Kind::Docker => "docker",
+        };
+        writeln!(text, "kind={kind}\naddr={}", self.addr)?;
+        if let Some(pid) = self.pid {
+            writeln!(text, "pid={pid}")?;
+        }
+        if let Some(dir) = &self.data_dir {
+            writeln!(text, "data_dir={}", dir.display())?;
+        }
+        fs::create_dir_all(state_dir())?;
+        fs::write(state_file(), text).context("cannot record the broker")
+    }
+
+    fn describe(&self) -> String {
+        match (self.kind, self.pid) {
+            (Kind::Tansu, Some(pid)) => format!("tansu {TANSU_VERSION}, pid {pid}"),
+            (Kind::Tansu, None) => format!("tansu {TANSU_VERSION}"),
+            (Kind::Docker, _) => "Apache Kafka under docker compose".to_owned(),
+        }
+    }
+
+    /// Whether the broker answers a Metadata request now.
+    pub(crate) fn answers(&self) -> bool {
+        probe_metadata(&self.addr).is_ok()
+    }
+
+    /// Starts tansu on loopback with fresh storage and waits until it answers.
+    pub(crate) fn start_tansu(port: Option<u16>) -> anyhow::Result<Broker> {
+        let tansu = install_tansu()?;
+        let port = match port {
+            Some(port) => port,
+            None => free_port()?,
+        };
+        let addr = format!("127.0.0.1:{port}");
+        let data_dir = std::env::temp_dir().join(format!("kafka-retry-broker-{port}-{}", std::process::id()));
+        fs::create_dir_all(&data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+        let log_path = data_dir.join("broker.log");
+        let log = fs::File::create(&log_path)?;
+        let url = format!("tcp://{addr}");
+        let mut cmd = Command::new(&tansu);
+        cmd.arg("broker")
+            .args(["--listener-url", &url, "--advertised-listener-url", &url])
+            .arg("--storage-engine")
+            .arg(format!("sqlite://{}", data_dir.join("tansu.db").display()))
+            .args(tansu_extra_args(&data_dir)?)
+            .current_dir(&data_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Its own process group: `down` stops exactly it, and a Ctrl-C
+            // aimed at `cargo xtask broker up` does not reach it.
+            .process_group(0);
+        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", process::show(&cmd)))?;
+        let broker = Broker { kind: Kind::Tansu, addr, pid: Some(child.id()), data_dir: Some(data_dir) };
+        broker.save()?;
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let _ = broker.stop();
+                bail!(
+                    "tansu exited ({status}) before answering on {}; its log ends with:\n{}",
+                    broker.addr,
+                    process::tail(&log_path, 30)
+                );
+            }
+            match probe_metadata(&broker.addr) {
+                Ok(()) => return Ok(broker),
+                Err(e) if started.elapsed() > START_TIMEOUT => {
+                    let tail = process::tail(&log_path, 30);
+                    let _ = broker.stop();
+                    bail!(
+                        "tansu did not answer on {} within {START_TIMEOUT:?} ({e:#}); its log ends with:\n{tail}",
+                        broker.addr
+                    );
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+
+    /// Starts Apache Kafka from `docker/compose.yaml` and waits until it answers.
+    fn start_docker() -> anyhow::Result<Broker> {
+        let engine = Command::new("docker").arg("info").stdout(Stdio::null()).stderr(Stdio::null()).status();
+        if !engine.is_ok_and(|s| s.success()) {
+            bail!(
+                "no Docker engine is reachable (`docker info` failed): `--docker` needs one; \
+                 run `cargo xtask broker up` for the local tansu broker instead"
+            );
+        }
+        process::run(
+            Command::new("docker").arg("compose").arg("-f").arg(compose_file()).args(["up", "-d", "--wait", "kafka"]),
+        )?;
+        let broker = Broker { kind: Kind::Docker, addr: "127.0.0.1:9092".to_owned(), pid: None, data_dir: None };
+        broker.save()?;
+        if !process::wait_until(START_TIMEOUT, || broker.answers()) {
+            bail!("Kafka did not answer on {} within {START_TIMEOUT:?}: see `docker compose logs kafka`", broker.addr);
+        }
+        Ok(broker)
+    }
+
+    /// Stops the broker, deletes its data and forgets it.
+    pub(crate) fn stop(&self) -> anyhow::Result<()> {
+        match self.kind {
+            Kind::Tansu => {
+                if let Some(pid) = self.pid {
+                    // Only signal the pid if it is still tansu, not a recycled pid.
+                    if process::is_alive(pid) && process::cmdline(pid).is_some_and(|c| c.contains("tansu")) {
+                        process::stop_group(pid, Duration::from_secs(10));
+                    }
+                    if process::is_alive(pid) {
+                        bail!("tansu (pid {pid}) is still running after SIGKILL");
+                    }
+                }
+                if let Some(dir) = &self.data_dir {
+                    let _ = fs::remove_dir_all(dir);
+                }
+            }
+            Kind::Docker => {
+                process::run(Command::new("docker").arg("compose").arg("-f").arg(compose_file()).args(["down", "-v"]))?;
+            }
+        }
+        match fs::remove_file(state_file()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).context("cannot forget the broker"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Arguments tansu needs beyond listener and storage.
+fn tansu_extra_args(data_dir: &Path) -> anyhow::Result<Vec<String>> {
+    let _ = data_dir;
+    Ok(Vec::new())
+}
+
+/// The tansu binary, installed into the cache on first use.
+fn install_tansu() -> anyhow::Result<PathBuf> {
+    let dir = cache_dir().join(format!("tansu-{TANSU_VERSION}"));
+    let bin = dir.join("bin").join("tansu");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    let partial = cache_dir().join(format!("tansu-{TANSU_VERSION}.partial-{}", std::process::id()));
+    let target = cache_dir().join(format!("tansu-{TANSU_VERSION}.target"));
+    eprintln!(
+        "installing tansu {TANSU_VERSION} into {} (once per machine; about 12 minutes on 2 cores)",
+        dir.display()
+    );
+    process::run(
+        Command::new(cargo())
+            .args(["install", "tansu", "--version", TANSU_VERSION, "--locked", "--no-default-features"])
+            .args(["--features", "libsql", "--root"])
+            .arg(&partial)
+            .env("CARGO_TARGET_DIR", &target)
+            // Not our workspace's toolchain file or config: a plain install.
+            .current_dir(cache_dir_created()?),
+    )?;
+    fs::rename(&partial, &dir).with_context(|| format!("cannot move {} to {}", partial.display(), dir.display()))?;
+    let _ = fs::remove_dir_all(&target);
+    Ok(bin)
+}
+
+fn cache_dir_created() -> anyhow::Result<PathBuf> {
+    let dir = cache_dir();
+    fs::create_dir_all(&dir).with_context(|| format!("cannot create the cache {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port on 127.0.0.1")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Sends a Metadata (v1) request and checks that the answer lists a broker.
+///
+/// Hand-written rather than through a Kafka client: xtask stays light, and
+/// this is all a readiness check needs.
+pub(crate) fn probe_metadata(addr: &str) -> anyhow::Result<()> {
+    let socket: SocketAddr =
+        addr.to_socket_addrs()?.next().with_context(|| format!("{addr} does not resolve to an address"))?;
+    let mut stream = TcpStream::connect_timeout(&socket, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
+
+    const CORRELATION_ID: i32 = 0x0c0ffee;
+    let client_id = b"xtask";
+    let mut body = Vec::new();
+    body.extend_from_slice(&3i16.to_be_bytes()); // api key: Metadata
+    body.extend_from_slice(&1i16.to_be_bytes()); // api version
+    body.extend_from_slice(&CORRELATION_ID.to_be_bytes());
+    body.extend_from_slice(&(client_id.len() as i16).to_be_bytes());
+    body.extend_from_slice(client_id);
+    body.extend_from_slice(&(-1i32).to_be_bytes()); // topics: null, i.e. all
+    let mut request = (body.len() as i32).to_be_bytes().to_vec();
+    request.extend_from_slice(&body);
+    stream.write_all(&request)?;
+
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len)?;
+    let len = i32::from_be_bytes(len);
+    if !(8..=16 << 20).contains(&len) {
+        bail!("implausible Metadata response length {len}");
+    }
+    let mut response = vec![0u8; len as usize];
+    stream.read_exact(&mut response)?;
+    let correlation = i32::from_be_bytes(response[0..4].try_into()?);
+    let brokers = i32::from_be_bytes(response[4..8].try_into()?);
+    if correlation != CORRELATION_ID {
+        bail!("Metadata response has correlation id {correlation}, expected {CORRELATION_ID}");
+    }
+    if brokers < 1 {
+        bail!("Metadata response lists no broker yet");
+    }
+    Ok(())
+}

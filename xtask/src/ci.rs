@@ -1,0 +1,101 @@
+//! `cargo xtask integration` and `cargo xtask ci`.
+
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::{
+    broker::Broker,
+    paths::{cargo, workspace_root},
+    process::run,
+};
+
+/// The environment variable that tells integration tests where the broker is.
+/// Tests built with the `broker` feature fail when it is missing.
+pub(crate) const BROKERS_ENV: &str = "KAFKA_RETRY_BROKERS";
+
+/// Runs the integration tests against a broker: the one in
+/// `$KAFKA_RETRY_BROKERS`, else one `broker up` left running, else a fresh
+/// tansu that is stopped afterwards, whatever the tests' outcome.
+pub(crate) fn integration(test_args: &[String]) -> anyhow::Result<()> {
+    if let Ok(addr) = std::env::var(BROKERS_ENV) {
+        eprintln!("using the broker at {addr} from {BROKERS_ENV}");
+        return run_integration_tests(&addr, test_args);
+    }
+    if let Some(broker) = Broker::load()? {
+        if broker.answers() {
+            eprintln!("using the running broker at {} (left running)", broker.addr);
+            return run_integration_tests(&broker.addr, test_args);
+        }
+        broker.stop()?;
+    }
+    let broker = Broker::start_tansu(None)?;
+    eprintln!("started tansu at {}", broker.addr);
+    let result = run_integration_tests(&broker.addr, test_args);
+    let stopped = broker.stop();
+    result?;
+    stopped.context("the integration tests passed, but the broker did not stop")
+}
+
+fn run_integration_tests(addr: &str, test_args: &[String]) -> anyhow::Result<()> {
+    run(Command::new(cargo())
+        .current_dir(workspace_root())
+        .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
+        .args(test_args)
+        .env(BROKERS_ENV, addr))
+}
+
+/// Every check CI makes, cheapest first, so a formatting slip fails in seconds.
+pub(crate) fn ci() -> anyhow::Result<()> {
+    let root = workspace_root();
+    let cargo_in_root = || {
+        let mut cmd = Command::new(cargo());
+        cmd.current_dir(&root);
+        cmd
+    };
+    run(cargo_in_root().args(["fmt", "--all", "--check"]))?;
+    run(cargo_in_root().args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]))?;
+    tidy_dependencies()?;
+    run(cargo_in_root().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
+    run(cargo_in_root().args(["test", "--workspace"]))?;
+    integration(&[])?;
+    eprintln!("ci: all checks passed");
+    Ok(())
+}
+
+/// Crates that must stay pure Rust: no C Kafka client, no OpenSSL, no `-sys`
+/// crate (C libraries make builds slow and deployments fragile).
+const PURE_RUST_CRATES: &[&str] = &["retry-core"];
+
+/// `-sys` crates that bind no C library, so they are fine.
+const PURE_SYS_CRATES: &[&str] = &["linux-raw-sys"];
+
+fn tidy_dependencies() -> anyhow::Result<()> {
+    let mut offenders = Vec::new();
+    for krate in PURE_RUST_CRATES {
+        let out = Command::new(cargo())
+            .current_dir(workspace_root())
+            .args(["tree", "--edges", "normal,build", "--prefix", "none", "--format", "{p}", "--package", krate])
+            .output()
+            .context("cannot run cargo tree")?;
+        if !out.status.success() {
+            bail!("cargo tree -p {krate} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        for line in String::from_utf8(out.stdout)?.lines() {
+            let name = line.split_whitespace().next().unwrap_or_default();
+            let banned = (name.ends_with("-sys") && !PURE_SYS_CRATES.contains(&name))
+                || name.contains("rdkafka")
+                || name.contains("openssl");
+            if banned {
+                offenders.push(format!("{krate} depends on {line}"));
+            }
+        }
+    }
+    if !offenders.is_empty() {
+        offenders.sort();
+        offenders.dedup();
+        bail!("dependencies that are not pure Rust:\n  {}", offenders.join("\n  "));
+    }
+    eprintln!("tidy: {} stay pure Rust", PURE_RUST_CRATES.join(", "));
+    Ok(())
+}

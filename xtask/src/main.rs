@@ -1,0 +1,49 @@
+//! `cargo xtask`: the project's automation, in Rust so it runs wherever cargo
+//! does. It starts and stops the test broker, runs the integration tests
+//! against it and runs everything CI checks.
+//!
+//! It never touches anything outside the clone except its cache of slow
+//! installs (`~/.cache/kafka-retry/`, see [`paths::cache_dir`]) and the
+//! broker's temporary data directory.
+
+mod broker;
+mod ci;
+mod paths;
+mod process;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Project automation", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start, stop or inspect the test broker.
+    Broker {
+        #[command(subcommand)]
+        action: broker::Action,
+    },
+    /// Start a broker, run the integration tests against it, stop it.
+    ///
+    /// With KAFKA_RETRY_BROKERS set, uses that broker instead and starts none.
+    Integration {
+        /// Extra arguments for the test binary (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        test_args: Vec<String>,
+    },
+    /// Everything CI checks: formatting, lints, unit tests, docs, dependency
+    /// rules and the integration tests.
+    Ci,
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Broker { action } => broker::run(action),
+        Command::Integration { test_args } => ci::integration(&test_args),
+        Command::Ci => ci::ci(),
+    }
+}
