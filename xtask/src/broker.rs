@@ -7,7 +7,7 @@ use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs},
     os::unix::process::CommandExt,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
@@ -182,9 +182,12 @@ impl Broker {
         let mut cmd = Command::new(&tansu);
         cmd.arg("broker")
             .args(["--listener-url", &url, "--advertised-listener-url", &url])
-            .arg("--storage-engine")
-            .arg(format!("sqlite://{}", data_dir.join("tansu.db").display()))
-            .args(tansu_extra_args(&data_dir)?)
+            // tansu resolves the database path against its working directory.
+            .args(["--storage-engine", "sqlite://tansu.db"])
+            .args(["--cluster-id", "kafka-retry-test"])
+            // tansu reads these as defaults; keep a caller's settings out of the test broker.
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("SCHEMA_REGISTRY")
             .current_dir(&data_dir)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -198,12 +201,9 @@ impl Broker {
         let started = Instant::now();
         loop {
             if let Some(status) = child.try_wait()? {
+                let tail = process::tail(&log_path, 30);
                 let _ = broker.stop();
-                bail!(
-                    "tansu exited ({status}) before answering on {}; its log ends with:\n{}",
-                    broker.addr,
-                    process::tail(&log_path, 30)
-                );
+                bail!("tansu exited ({status}) before answering on {}; its log ends with:\n{tail}", broker.addr);
             }
             match probe_metadata(&broker.addr) {
                 Ok(()) => return Ok(broker),
@@ -266,12 +266,6 @@ impl Broker {
             _ => Ok(()),
         }
     }
-}
-
-/// Arguments tansu needs beyond listener and storage.
-fn tansu_extra_args(data_dir: &Path) -> anyhow::Result<Vec<String>> {
-    let _ = data_dir;
-    Ok(Vec::new())
 }
 
 /// The tansu binary, installed into the cache on first use.

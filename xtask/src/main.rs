@@ -40,10 +40,18 @@ enum Command {
     Ci,
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+fn main() -> std::process::ExitCode {
+    let result = match Cli::parse().command {
         Command::Broker { action } => broker::run(action),
         Command::Integration { test_args } => ci::integration(&test_args),
         Command::Ci => ci::ci(),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The chain of contexts says what failed; a backtrace of xtask would not help.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
