@@ -1,0 +1,132 @@
+//! Batched offset commits for one generation of one group member.
+//!
+//! Workers report a partition's next offset once a record's outcome is
+//! fully done (handled, and any republication acknowledged); the committer
+//! commits what was reported, every interval or once enough piled up, and
+//! a last time when the generation ends. It never commits an offset no
+//! worker reported, so a commit never covers unfinished work.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    group::GroupClient,
+    stats::{bump, ListenerStats},
+    ConnectionConfig, TopicPartition,
+};
+
+/// Where workers report finished offsets.
+#[derive(Default)]
+pub(crate) struct CommitTracker {
+    pending: Mutex<BTreeMap<TopicPartition, i64>>,
+    done_since_commit: std::sync::atomic::AtomicUsize,
+    batch_full: Notify,
+    batch_size: usize,
+}
+
+impl CommitTracker {
+    pub(crate) fn new(batch_size: usize) -> Self {
+        CommitTracker { batch_size: batch_size.max(1), ..Default::default() }
+    }
+
+    /// Records that every record of `tp` before `next_offset` is done.
+    pub(crate) fn done(&self, tp: &TopicPartition, next_offset: i64) {
+        let mut pending = self.pending.lock().expect("no panics while holding the lock");
+        let entry = pending.entry(tp.clone()).or_insert(next_offset);
+        *entry = (*entry).max(next_offset);
+        drop(pending);
+        let n = self.done_since_commit.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if n >= self.batch_size {
+            self.batch_full.notify_one();
+        }
+    }
+
+    fn take(&self) -> BTreeMap<TopicPartition, i64> {
+        self.done_since_commit.store(0, std::sync::atomic::Ordering::Relaxed);
+        std::mem::take(&mut *self.pending.lock().expect("no panics while holding the lock"))
+    }
+
+    /// Puts back offsets whose commit failed, unless newer ones arrived.
+    fn restore(&self, offsets: BTreeMap<TopicPartition, i64>) {
+        let mut pending = self.pending.lock().expect("no panics while holding the lock");
+        for (tp, offset) in offsets {
+            pending.entry(tp).or_insert(offset);
+        }
+    }
+}
+
+/// The committing task of one generation.
+pub(crate) struct Committer {
+    pub(crate) tracker: Arc<CommitTracker>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Committer {
+    pub(crate) fn start(
+        config: ConnectionConfig,
+        group_id: &str,
+        generation_id: i32,
+        member_id: String,
+        interval: Duration,
+        batch_size: usize,
+        stats: Arc<ListenerStats>,
+    ) -> Self {
+        let tracker = Arc::new(CommitTracker::new(batch_size));
+        let stop = CancellationToken::new();
+        let mut client = GroupClient::new(config, group_id);
+        let task = {
+            let tracker = tracker.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    let last = tokio::select! {
+                        _ = stop.cancelled() => true,
+                        _ = tokio::time::sleep(interval) => false,
+                        _ = tracker.batch_full.notified() => false,
+                    };
+                    let offsets = tracker.take();
+                    if !offsets.is_empty() {
+                        match client.commit(generation_id, &member_id, &offsets).await {
+                            Ok(()) => {
+                                bump(&stats.commits);
+                                tracing::debug!(group = client.group_id(), ?offsets, "committed");
+                            }
+                            Err(e) => {
+                                bump(&stats.commit_failures);
+                                tracing::warn!(group = client.group_id(), error = %e, "offset commit failed; will retry");
+                                tracker.restore(offsets);
+                                if last {
+                                    // One more try for the final commit: the records
+                                    // are redelivered otherwise (safe, but wasteful).
+                                    let offsets = tracker.take();
+                                    if let Err(e) = client.commit(generation_id, &member_id, &offsets).await {
+                                        tracing::warn!(group = client.group_id(), error = %e, "final offset commit failed; these records will be redelivered");
+                                    } else {
+                                        bump(&stats.commits);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    if last {
+                        return;
+                    }
+                }
+            })
+        };
+        Committer { tracker, stop, task }
+    }
+
+    /// Commits what is pending and stops.
+    pub(crate) async fn finish(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}

@@ -1,0 +1,115 @@
+use std::time::Duration;
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong talking to Kafka.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No TCP connection to a broker could be made.
+    #[error("cannot connect to the Kafka broker at {addr}: {source}")]
+    Connect {
+        /// The `host:port` tried.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An established connection failed mid-request.
+    #[error("connection to {addr} failed during {api}: {source}")]
+    Io {
+        /// The broker.
+        addr: String,
+        /// The request under way, e.g. `JoinGroup`.
+        api: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A broker took longer than allowed to answer.
+    #[error("{api} to {addr} got no answer within {timeout:?}")]
+    Timeout {
+        /// The broker.
+        addr: String,
+        /// The request.
+        api: &'static str,
+        /// The limit.
+        timeout: Duration,
+    },
+    /// A request or response could not be encoded or decoded.
+    #[error("{api} with {addr}: malformed message: {reason}")]
+    Protocol {
+        /// The broker.
+        addr: String,
+        /// The request.
+        api: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The broker supports no version of a request that we implement.
+    #[error("the broker at {addr} does not support {api} versions {ours_min}..={ours_max} (it has {theirs:?})")]
+    UnsupportedVersion {
+        /// The broker.
+        addr: String,
+        /// The request.
+        api: &'static str,
+        /// The lowest version we implement.
+        ours_min: i16,
+        /// The highest version we implement.
+        ours_max: i16,
+        /// The broker's range, if it supports the API at all.
+        theirs: Option<(i16, i16)>,
+    },
+    /// The broker answered with an error code.
+    #[error("{api} failed{}: {error}", context.as_deref().map(|c| format!(" for {c}")).unwrap_or_default())]
+    Broker {
+        /// The request.
+        api: &'static str,
+        /// What it was about (a group, a topic-partition), when known.
+        context: Option<String>,
+        /// The broker's error.
+        error: kafka_protocol::ResponseError,
+    },
+    /// rskafka (produce, fetch, metadata) failed.
+    #[error("{what}: {source}")]
+    Client {
+        /// What was being done, e.g. `produce to orders.retry-5s/0`.
+        what: String,
+        /// rskafka's error.
+        #[source]
+        source: rskafka::client::error::Error,
+    },
+    /// The ladder's topics are missing or have too few partitions.
+    #[error(transparent)]
+    Topics(#[from] crate::topics::TopicProblems),
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Invalid configuration or names, from retry-core.
+    #[error(transparent)]
+    Core(#[from] retry_core::Error),
+}
+
+impl Error {
+    /// The broker error code, if the broker answered with one.
+    pub fn broker_error(&self) -> Option<kafka_protocol::ResponseError> {
+        match self {
+            Error::Broker { error, .. } => Some(*error),
+            _ => None,
+        }
+    }
+
+    /// Whether the connection this came from must be dropped and re-made:
+    /// transport failures, timeouts, and a coordinator that moved.
+    pub(crate) fn needs_reconnect(&self) -> bool {
+        use kafka_protocol::ResponseError::*;
+        match self {
+            Error::Connect { .. } | Error::Io { .. } | Error::Timeout { .. } | Error::Protocol { .. } => true,
+            Error::Broker { error, .. } => {
+                matches!(error, NotCoordinator | CoordinatorNotAvailable | CoordinatorLoadInProgress)
+            }
+            _ => false,
+        }
+    }
+}

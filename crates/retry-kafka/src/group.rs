@@ -1,0 +1,322 @@
+//! Requests to a consumer group's coordinator: membership (classic
+//! protocol: JoinGroup, SyncGroup, Heartbeat, LeaveGroup) and offsets
+//! (OffsetCommit, OffsetFetch). Finds the coordinator, and finds it again
+//! when it moves. Policy (when to rejoin, what to commit) lives in the
+//! callers; this only speaks the protocol.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use kafka_protocol::{
+    messages::{
+        join_group_request::JoinGroupRequestProtocol,
+        leave_group_request::MemberIdentity,
+        offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic},
+        offset_fetch_request::OffsetFetchRequestTopic,
+        sync_group_request::SyncGroupRequestAssignment,
+        FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, OffsetCommitRequest,
+        OffsetFetchRequest, SyncGroupRequest, TopicName,
+    },
+    ResponseError,
+};
+
+use crate::{
+    assignor::{self, Assignment},
+    wire::{check, str_bytes, Connection},
+    ConnectionConfig, Error, Result,
+};
+
+/// A topic-partition.
+pub type TopicPartition = (String, i32);
+
+/// What JoinGroup told us.
+#[derive(Debug, Clone)]
+pub(crate) struct Joined {
+    pub(crate) generation_id: i32,
+    pub(crate) member_id: String,
+    pub(crate) leader_id: String,
+    pub(crate) protocol: String,
+    /// Every member's subscribed topics; only the leader gets them.
+    pub(crate) members: BTreeMap<String, Vec<String>>,
+}
+
+impl Joined {
+    pub(crate) fn is_leader(&self) -> bool {
+        self.member_id == self.leader_id
+    }
+}
+
+/// A client of one group's coordinator.
+pub(crate) struct GroupClient {
+    config: ConnectionConfig,
+    group_id: String,
+    coordinator: Option<Connection>,
+}
+
+impl GroupClient {
+    pub(crate) fn new(config: ConnectionConfig, group_id: &str) -> Self {
+        GroupClient { config, group_id: group_id.to_owned(), coordinator: None }
+    }
+
+    pub(crate) fn group_id(&self) -> &str {
+        &self.group_id
+    }
+
+    /// The coordinator's connection, found through the bootstrap brokers.
+    async fn coordinator(&mut self) -> Result<&mut Connection> {
+        if self.coordinator.is_none() {
+            let mut last_error = None;
+            for addr in &self.config.bootstrap {
+                match self.find_coordinator(addr).await {
+                    Ok(conn) => {
+                        self.coordinator = Some(conn);
+                        break;
+                    }
+                    Err(e) => last_error = Some(e),
+                }
+            }
+            if self.coordinator.is_none() {
+                return Err(last_error.expect("bootstrap brokers are never empty"));
+            }
+        }
+        Ok(self.coordinator.as_mut().expect("set above"))
+    }
+
+    async fn find_coordinator(&self, bootstrap: &str) -> Result<Connection> {
+        let mut conn = Connection::connect(bootstrap, &self.config.client_id, self.config.request_timeout).await?;
+        let request = FindCoordinatorRequest::default().with_key(str_bytes(&self.group_id)).with_key_type(0);
+        let (response, _) = conn.send(&request).await?;
+        check("FindCoordinator", || format!("group {}", self.group_id), response.error_code)?;
+        let addr = format!("{}:{}", response.host, response.port);
+        if addr == conn.addr() {
+            return Ok(conn);
+        }
+        Connection::connect(&addr, &self.config.client_id, self.config.request_timeout).await
+    }
+
+    /// Forgets the coordinator when `result` says it moved or the link broke.
+    fn observe<T>(&mut self, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            if e.needs_reconnect() {
+                self.coordinator = None;
+            }
+        }
+        result
+    }
+
+    fn group_context(&self) -> String {
+        format!("group {}", self.group_id)
+    }
+
+    /// Joins (or rejoins) the group, subscribed to `topics`. Handles the
+    /// broker's MEMBER_ID_REQUIRED round trip.
+    pub(crate) async fn join(
+        &mut self,
+        member_id: &str,
+        topics: &[String],
+        session_timeout: Duration,
+        rebalance_timeout: Duration,
+    ) -> Result<Joined> {
+        let mut member_id = member_id.to_owned();
+        let protocol = JoinGroupRequestProtocol::default()
+            .with_name(str_bytes(assignor::RANGE))
+            .with_metadata(assignor::encode_subscription(topics));
+        for _ in 0..3 {
+            let request = JoinGroupRequest::default()
+                .with_group_id(GroupId(str_bytes(&self.group_id)))
+                .with_session_timeout_ms(millis(session_timeout))
+                .with_rebalance_timeout_ms(millis(rebalance_timeout))
+                .with_member_id(str_bytes(&member_id))
+                .with_protocol_type(str_bytes("consumer"))
+                .with_protocols(vec![protocol.clone()]);
+            // The coordinator holds JoinGroup until every member rejoined.
+            let wait = rebalance_timeout + self.config.request_timeout;
+            let result = async { self.coordinator().await?.send_within(&request, wait).await }.await;
+            let (response, _) = self.observe(result)?;
+            match ResponseError::try_from_code(response.error_code) {
+                Some(ResponseError::MemberIdRequired) => {
+                    member_id = response.member_id.to_string();
+                    continue;
+                }
+                Some(error) => {
+                    let result = Err(Error::Broker { api: "JoinGroup", context: Some(self.group_context()), error });
+                    return self.observe(result);
+                }
+                None => {}
+            }
+            let mut members = BTreeMap::new();
+            for member in &response.members {
+                let topics = assignor::decode_subscription(&member.metadata).map_err(|reason| Error::Protocol {
+                    addr: self.coordinator.as_ref().map(|c| c.addr().to_owned()).unwrap_or_default(),
+                    api: "JoinGroup",
+                    reason: format!("member {}: {reason}", member.member_id),
+                })?;
+                members.insert(member.member_id.to_string(), topics);
+            }
+            return Ok(Joined {
+                generation_id: response.generation_id,
+                member_id: response.member_id.to_string(),
+                leader_id: response.leader.to_string(),
+                protocol: response.protocol_name.map(|p| p.to_string()).unwrap_or_else(|| assignor::RANGE.to_owned()),
+                members,
+            });
+        }
+        Err(Error::Protocol {
+            addr: String::new(),
+            api: "JoinGroup",
+            reason: format!("group {} kept answering MEMBER_ID_REQUIRED", self.group_id),
+        })
+    }
+
+    /// Completes a rebalance: the leader sends every member's assignment,
+    /// the others send none; everyone gets their own back.
+    pub(crate) async fn sync(
+        &mut self,
+        joined: &Joined,
+        assignments: &BTreeMap<String, Assignment>,
+        rebalance_timeout: Duration,
+    ) -> Result<Assignment> {
+        let assignments = assignments
+            .iter()
+            .map(|(member, a)| {
+                SyncGroupRequestAssignment::default()
+                    .with_member_id(str_bytes(member))
+                    .with_assignment(assignor::encode_assignment(a))
+            })
+            .collect();
+        let request = SyncGroupRequest::default()
+            .with_group_id(GroupId(str_bytes(&self.group_id)))
+            .with_generation_id(joined.generation_id)
+            .with_member_id(str_bytes(&joined.member_id))
+            .with_protocol_type(Some(str_bytes("consumer")))
+            .with_protocol_name(Some(str_bytes(&joined.protocol)))
+            .with_assignments(assignments);
+        let wait = rebalance_timeout + self.config.request_timeout;
+        let result = async { self.coordinator().await?.send_within(&request, wait).await }.await;
+        let (response, _) = self.observe(result)?;
+        let context = self.group_context();
+        let result = check("SyncGroup", || context, response.error_code);
+        self.observe(result)?;
+        assignor::decode_assignment(&response.assignment).map_err(|reason| Error::Protocol {
+            addr: String::new(),
+            api: "SyncGroup",
+            reason,
+        })
+    }
+
+    /// One heartbeat. `Err` with REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION or
+    /// UNKNOWN_MEMBER_ID means: rejoin.
+    pub(crate) async fn heartbeat(&mut self, generation_id: i32, member_id: &str) -> Result<()> {
+        let request = HeartbeatRequest::default()
+            .with_group_id(GroupId(str_bytes(&self.group_id)))
+            .with_generation_id(generation_id)
+            .with_member_id(str_bytes(member_id));
+        let result = async { self.coordinator().await?.send(&request).await }.await;
+        let (response, _) = self.observe(result)?;
+        let context = self.group_context();
+        let result = check("Heartbeat", || context, response.error_code);
+        self.observe(result)
+    }
+
+    /// Leaves the group, so its partitions move at once instead of after
+    /// the session timeout.
+    pub(crate) async fn leave(&mut self, member_id: &str) -> Result<()> {
+        let group_id = GroupId(str_bytes(&self.group_id));
+        let conn = self.coordinator().await?;
+        let version = conn.version_of::<LeaveGroupRequest>()?;
+        let mut request = LeaveGroupRequest::default().with_group_id(group_id);
+        if version >= 3 {
+            request.members = vec![MemberIdentity::default().with_member_id(str_bytes(member_id))];
+        } else {
+            request.member_id = str_bytes(member_id);
+        }
+        let result = conn.send(&request).await;
+        let (response, _) = self.observe(result)?;
+        let context = self.group_context();
+        check("LeaveGroup", || context, response.error_code)
+    }
+
+    /// Commits `offsets` (the next offset to read, per partition) as
+    /// `member_id` of `generation_id`; pass -1 and "" to commit outside a
+    /// generation (a tool that is not a member).
+    pub(crate) async fn commit(
+        &mut self,
+        generation_id: i32,
+        member_id: &str,
+        offsets: &BTreeMap<TopicPartition, i64>,
+    ) -> Result<()> {
+        let mut topics: BTreeMap<&str, Vec<OffsetCommitRequestPartition>> = BTreeMap::new();
+        for ((topic, partition), offset) in offsets {
+            topics.entry(topic).or_default().push(
+                OffsetCommitRequestPartition::default()
+                    .with_partition_index(*partition)
+                    .with_committed_offset(*offset)
+                    .with_committed_leader_epoch(-1),
+            );
+        }
+        let request = OffsetCommitRequest::default()
+            .with_group_id(GroupId(str_bytes(&self.group_id)))
+            .with_generation_id_or_member_epoch(generation_id)
+            .with_member_id(str_bytes(member_id))
+            .with_retention_time_ms(-1)
+            .with_topics(
+                topics
+                    .into_iter()
+                    .map(|(t, ps)| {
+                        OffsetCommitRequestTopic::default().with_name(TopicName(str_bytes(t))).with_partitions(ps)
+                    })
+                    .collect(),
+            );
+        let result = async { self.coordinator().await?.send(&request).await }.await;
+        let (response, _) = self.observe(result)?;
+        for topic in &response.topics {
+            for p in &topic.partitions {
+                let context = || format!("group {} at {}/{}", self.group_id, topic.name.0, p.partition_index);
+                let result = check("OffsetCommit", context, p.error_code);
+                self.observe(result)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The committed offsets of `partitions` (`None`: nothing committed).
+    pub(crate) async fn committed(
+        &mut self,
+        partitions: &[TopicPartition],
+    ) -> Result<BTreeMap<TopicPartition, Option<i64>>> {
+        let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+        for (topic, partition) in partitions {
+            topics.entry(topic).or_default().push(*partition);
+        }
+        let request =
+            OffsetFetchRequest::default().with_group_id(GroupId(str_bytes(&self.group_id))).with_topics(Some(
+                topics
+                    .into_iter()
+                    .map(|(t, ps)| {
+                        OffsetFetchRequestTopic::default().with_name(TopicName(str_bytes(t))).with_partition_indexes(ps)
+                    })
+                    .collect(),
+            ));
+        let result = async { self.coordinator().await?.send(&request).await }.await;
+        let (response, version) = self.observe(result)?;
+        if version >= 2 {
+            let context = self.group_context();
+            let result = check("OffsetFetch", || context, response.error_code);
+            self.observe(result)?;
+        }
+        let mut out = BTreeMap::new();
+        for topic in &response.topics {
+            for p in &topic.partitions {
+                let context = || format!("group {} at {}/{}", self.group_id, topic.name.0, p.partition_index);
+                let result = check("OffsetFetch", context, p.error_code);
+                self.observe(result)?;
+                let offset = (p.committed_offset >= 0).then_some(p.committed_offset);
+                out.insert((topic.name.0.to_string(), p.partition_index), offset);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn millis(d: Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
+}

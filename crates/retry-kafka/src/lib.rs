@@ -1,0 +1,61 @@
+//! `retry-kafka` runs a record handler on Kafka with non-blocking retry
+//! topics: it consumes the source topic and every retry rung in consumer
+//! groups, hands each record to the handler, executes `retry-core`'s
+//! decision (commit, republish to the next rung, or dead-letter) and commits
+//! a record's offset only after the broker acknowledged its republication.
+//!
+//! It is a thin shell: every decision about attempts, delays, names and
+//! headers comes from [`retry_core`]. It never auto-creates topics: create
+//! them with [`TopicPlan::create`] and check them with [`TopicPlan::verify`].
+//!
+//! Pure Rust: produce and fetch go through `rskafka`; consumer groups and
+//! offset commits, which rskafka lacks, through `kafka-protocol`.
+
+mod assignor;
+mod commit;
+mod error;
+mod group;
+mod handler;
+mod listener;
+mod member;
+mod offsets;
+mod publisher;
+mod stats;
+mod topics;
+mod wire;
+mod worker;
+
+use std::time::Duration;
+
+pub use error::{Error, Result};
+pub use group::TopicPartition;
+pub use handler::{ConsumedRecord, RecordHandler};
+pub use listener::{Listener, ListenerConfig, OffsetReset};
+pub use offsets::GroupOffsets;
+pub use stats::{ListenerStats, StatsSnapshot};
+pub use topics::{Created, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec};
+
+/// How to reach the cluster.
+#[derive(Debug, Clone)]
+pub struct ConnectionConfig {
+    /// `host:port` of one or more brokers (never empty).
+    pub bootstrap: Vec<String>,
+    /// The client id brokers see in their logs and quotas.
+    pub client_id: String,
+    /// How long any single request may take before the connection is
+    /// considered broken (JoinGroup and SyncGroup also get the rebalance timeout).
+    pub request_timeout: Duration,
+}
+
+impl ConnectionConfig {
+    /// A config for `bootstrap` (comma-separated `host:port` list) with a
+    /// 30 s request timeout; fails when the list is empty.
+    pub fn new(bootstrap: &str, client_id: &str) -> Result<Self> {
+        let bootstrap: Vec<String> =
+            bootstrap.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
+        if bootstrap.is_empty() {
+            return Err(Error::Config("no bootstrap broker given (expected host:port[,host:port...])".into()));
+        }
+        Ok(ConnectionConfig { bootstrap, client_id: client_id.to_owned(), request_timeout: Duration::from_secs(30) })
+    }
+}

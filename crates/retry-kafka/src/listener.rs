@@ -1,0 +1,209 @@
+//! The public entry point: a listener consumes a source topic and its retry
+//! rungs, one consumer group each, and runs the handler on every record.
+
+use std::{sync::Arc, time::Duration};
+
+use retry_core::RetryPolicy;
+use rskafka::client::{Client, ClientBuilder};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    member::Member, publisher::Publisher, stats::ListenerStats, ConnectionConfig, Error, RecordHandler, Result,
+    TopicPlan,
+};
+
+/// Where to start a partition that has no committed offset, or whose
+/// committed offset no longer exists (retention deleted it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OffsetReset {
+    /// The oldest record still kept.
+    #[default]
+    Earliest,
+    /// Only records produced from now on.
+    Latest,
+}
+
+/// Everything a listener needs to know.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    /// How to reach the cluster.
+    pub connection: ConnectionConfig,
+    /// The source topic's consumer group. Rung `n` uses `<group_id>.retry-<label>`
+    /// (e.g. `billing.retry-5s`), so each rung's progress is visible on its own.
+    pub group_id: String,
+    /// The ladder's topics and decisions.
+    pub policy: RetryPolicy,
+    /// The group session timeout: without a heartbeat for this long, the
+    /// coordinator drops the member.
+    pub session_timeout: Duration,
+    /// How long the coordinator waits for members to rejoin in a rebalance.
+    pub rebalance_timeout: Duration,
+    /// How often heartbeats are sent (well below the session timeout).
+    pub heartbeat_interval: Duration,
+    /// How long one handler call may take; longer is a transient failure.
+    pub handler_timeout: Duration,
+    /// On shutdown or revocation, how long records in flight may finish
+    /// before they are abandoned (and redelivered to the next owner).
+    pub shutdown_grace: Duration,
+    /// Commit finished offsets at least this often...
+    pub commit_interval: Duration,
+    /// ...or as soon as this many records finished.
+    pub commit_batch: usize,
+    /// The most bytes one fetch returns per partition: what a partition
+    /// holds in memory at once, including one waiting for its due time.
+    pub fetch_max_bytes: i32,
+    /// How long the broker may hold a fetch that has no records yet.
+    pub fetch_max_wait: Duration,
+    /// Where to start without a (valid) committed offset.
+    pub offset_reset: OffsetReset,
+    /// First wait after a failed publish; doubles up to `publish_backoff_max`.
+    pub publish_backoff_initial: Duration,
+    /// Longest wait between publish attempts.
+    pub publish_backoff_max: Duration,
+}
+
+impl ListenerConfig {
+    /// A config with defaults: 10 s session, 3 s heartbeats, 30 s handler
+    /// timeout, 10 s grace, commits every second or 100 records, 1 MiB fetches.
+    pub fn new(connection: ConnectionConfig, group_id: &str, policy: RetryPolicy) -> Self {
+        ListenerConfig {
+            connection,
+            group_id: group_id.to_owned(),
+            policy,
+            session_timeout: Duration::from_secs(10),
+            rebalance_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(3),
+            handler_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+            commit_interval: Duration::from_secs(1),
+            commit_batch: 100,
+            fetch_max_bytes: 1 << 20,
+            fetch_max_wait: Duration::from_millis(500),
+            offset_reset: OffsetReset::Earliest,
+            publish_backoff_initial: Duration::from_millis(100),
+            publish_backoff_max: Duration::from_secs(10),
+        }
+    }
+
+    /// The consumer group of each consumed topic: the source's, then each rung's.
+    pub fn groups(&self) -> Vec<(String, String)> {
+        self.policy
+            .stages()
+            .map(|(stage, topic)| {
+                let group = match stage.rung() {
+                    None => self.group_id.clone(),
+                    Some(i) => {
+                        let rung = &self.policy.topology().schedule().rungs()[i];
+                        format!("{}.retry-{}", self.group_id, rung.label())
+                    }
+                };
+                (topic.to_string(), group)
+            })
+            .collect()
+    }
+
+    fn validate(&self) -> Result<()> {
+        let problem = if self.heartbeat_interval >= self.session_timeout {
+            Some("heartbeat_interval must be shorter than session_timeout")
+        } else if self.handler_timeout.is_zero() {
+            Some("handler_timeout must be positive")
+        } else if self.fetch_max_bytes < 1024 {
+            Some("fetch_max_bytes must be at least 1024")
+        } else if self.shutdown_grace >= self.rebalance_timeout {
+            Some("shutdown_grace must be shorter than rebalance_timeout, or a rebalance evicts us")
+        } else {
+            None
+        };
+        match problem {
+            Some(p) => Err(Error::Config(p.to_owned())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// State shared by a listener's tasks.
+pub(crate) struct Shared<H> {
+    pub(crate) config: ListenerConfig,
+    pub(crate) client: Arc<Client>,
+    pub(crate) publisher: Publisher,
+    pub(crate) handler: Arc<H>,
+    pub(crate) stats: Arc<ListenerStats>,
+}
+
+/// A running listener. Dropping it stops nothing: call
+/// [`shutdown`](Self::shutdown) to stop gracefully.
+pub struct Listener {
+    shutdown: CancellationToken,
+    tasks: JoinSet<()>,
+    stats: Arc<ListenerStats>,
+}
+
+impl Listener {
+    /// Connects, verifies that every topic of the ladder exists with enough
+    /// partitions (refusing to start otherwise, naming each problem), and
+    /// starts one group member per consumed topic.
+    pub async fn start<H: RecordHandler>(config: ListenerConfig, handler: Arc<H>) -> Result<Listener> {
+        config.validate()?;
+        let client = Arc::new(connect(&config.connection).await?);
+        TopicPlan::new(config.policy.topology().clone(), 1).verify_with(&client).await?;
+        let stats = Arc::new(ListenerStats::default());
+        let shared = Arc::new(Shared {
+            publisher: Publisher::new(client.clone()),
+            client,
+            handler,
+            stats: stats.clone(),
+            config,
+        });
+        let shutdown = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let groups = shared.config.groups();
+        for ((stage, _), (topic, group_id)) in shared.config.policy.stages().zip(groups) {
+            let member = Member { shared: shared.clone(), stage, topic, group_id, shutdown: shutdown.clone() };
+            tasks.spawn(member.run());
+        }
+        Ok(Listener { shutdown, tasks, stats })
+    }
+
+    /// The listener's counters.
+    pub fn stats(&self) -> &Arc<ListenerStats> {
+        &self.stats
+    }
+
+    /// Stops fetching, lets records in flight finish within the grace
+    /// period, commits, and leaves every group.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Stops at once, as a crash would: nothing more is committed and no
+    /// group is left (the coordinator expires the members after the session
+    /// timeout). For tests of crash recovery.
+    pub fn abort(mut self) {
+        self.tasks.abort_all();
+        self.tasks.detach_all();
+    }
+}
+
+/// An rskafka client whose calls give up instead of retrying forever, so
+/// our loops see errors and decide.
+pub(crate) async fn connect(config: &ConnectionConfig) -> Result<Client> {
+    let backoff = rskafka::BackoffConfig {
+        init_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_secs(2),
+        base: 2.0,
+        deadline: Some(config.request_timeout),
+    };
+    let build = ClientBuilder::new(config.bootstrap.clone())
+        .client_id(config.client_id.clone())
+        .backoff_config(backoff)
+        .build();
+    match tokio::time::timeout(config.request_timeout, build).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(source)) => Err(Error::Client { what: format!("connecting to {}", config.bootstrap.join(",")), source }),
+        Err(_) => {
+            Err(Error::Timeout { addr: config.bootstrap.join(","), api: "connect", timeout: config.request_timeout })
+        }
+    }
+}

@@ -1,0 +1,29 @@
+use std::collections::BTreeMap;
+
+use crate::{group::GroupClient, ConnectionConfig, Result, TopicPartition};
+
+/// A group's committed offsets, read and written from outside the group:
+/// what operators' tools and tests use. Offsets are ordinary group offsets,
+/// visible to every Kafka client's `OffsetFetch`.
+pub struct GroupOffsets {
+    client: GroupClient,
+}
+
+impl GroupOffsets {
+    /// A client for `group_id`'s offsets.
+    pub fn new(config: ConnectionConfig, group_id: &str) -> Self {
+        GroupOffsets { client: GroupClient::new(config, group_id) }
+    }
+
+    /// The committed offsets (the next offset to read) of `partitions`;
+    /// `None` where nothing was committed.
+    pub async fn committed(&mut self, partitions: &[TopicPartition]) -> Result<BTreeMap<TopicPartition, Option<i64>>> {
+        self.client.committed(partitions).await
+    }
+
+    /// Commits `offsets` without being a member of the group (generation -1),
+    /// as admin tools do. The broker refuses while the group has members.
+    pub async fn commit(&mut self, offsets: &BTreeMap<TopicPartition, i64>) -> Result<()> {
+        self.client.commit(-1, "", offsets).await
+    }
+}

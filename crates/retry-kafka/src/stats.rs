@@ -1,0 +1,67 @@
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Counters of a running listener, for metrics and tests. Monotonic.
+#[derive(Debug, Default)]
+pub struct ListenerStats {
+    pub(crate) succeeded: AtomicU64,
+    pub(crate) retried: AtomicU64,
+    pub(crate) dead_lettered: AtomicU64,
+    pub(crate) handler_panics: AtomicU64,
+    pub(crate) handler_timeouts: AtomicU64,
+    pub(crate) publish_failures: AtomicU64,
+    pub(crate) commit_failures: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) rebalances: AtomicU64,
+    pub(crate) offset_resets: AtomicU64,
+    pub(crate) fetch_failures: AtomicU64,
+}
+
+/// A copy of [`ListenerStats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Records whose handler succeeded (committed).
+    pub succeeded: u64,
+    /// Records republished to a retry topic.
+    pub retried: u64,
+    /// Records published to the dead-letter topic.
+    pub dead_lettered: u64,
+    /// Handler panics (each became a permanent failure).
+    pub handler_panics: u64,
+    /// Handler timeouts (each became a transient failure).
+    pub handler_timeouts: u64,
+    /// Failed publish attempts (each retried with backoff).
+    pub publish_failures: u64,
+    /// Failed offset commits.
+    pub commit_failures: u64,
+    /// Successful offset commits.
+    pub commits: u64,
+    /// Completed group joins (assignments received), all groups together.
+    pub rebalances: u64,
+    /// Positions reset because the committed offset was out of range.
+    pub offset_resets: u64,
+    /// Failed fetches (each retried with backoff).
+    pub fetch_failures: u64,
+}
+
+impl ListenerStats {
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            succeeded: self.succeeded.load(Relaxed),
+            retried: self.retried.load(Relaxed),
+            dead_lettered: self.dead_lettered.load(Relaxed),
+            handler_panics: self.handler_panics.load(Relaxed),
+            handler_timeouts: self.handler_timeouts.load(Relaxed),
+            publish_failures: self.publish_failures.load(Relaxed),
+            commit_failures: self.commit_failures.load(Relaxed),
+            commits: self.commits.load(Relaxed),
+            rebalances: self.rebalances.load(Relaxed),
+            offset_resets: self.offset_resets.load(Relaxed),
+            fetch_failures: self.fetch_failures.load(Relaxed),
+        }
+    }
+}
+
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Relaxed);
+}

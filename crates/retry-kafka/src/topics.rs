@@ -1,0 +1,247 @@
+//! The ladder's topics: created explicitly, verified at start-up, never
+//! auto-created.
+
+use std::{fmt, time::Duration};
+
+use kafka_protocol::{
+    messages::{
+        create_topics_request::{CreatableTopic, CreatableTopicConfig},
+        CreateTopicsRequest, TopicName,
+    },
+    ResponseError,
+};
+use retry_core::RetryTopology;
+use rskafka::client::Client;
+
+use crate::{
+    listener::connect,
+    wire::{str_bytes, Connection},
+    ConnectionConfig, Error, Result,
+};
+
+/// A topic's part in the ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopicRole {
+    /// The topic producers write to.
+    Source,
+    /// A retry rung.
+    Retry,
+    /// The dead-letter topic.
+    DeadLetter,
+}
+
+/// One topic to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    /// Its name.
+    pub name: String,
+    /// Its part in the ladder.
+    pub role: TopicRole,
+    /// Its partition count.
+    pub partitions: i32,
+    /// Its replication factor.
+    pub replication_factor: i16,
+    /// Topic configs, e.g. `retention.ms`.
+    pub configs: Vec<(String, String)>,
+}
+
+/// What [`TopicPlan::create`] did for one topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    /// The topic was created.
+    Created,
+    /// It existed already, with enough partitions.
+    AlreadyExists,
+}
+
+/// The topics of one ladder and how to create them: every retry topic and
+/// the dead-letter topic get at least the source's partition count (so a
+/// record keeps its partition number along the ladder), retry topics keep
+/// records comfortably longer than the longest delay, and the dead-letter
+/// topic keeps them for 30 days, for operators to look at.
+#[derive(Debug, Clone)]
+pub struct TopicPlan {
+    topology: RetryTopology,
+    partitions: i32,
+    replication_factor: i16,
+    retry_retention: Duration,
+    dead_letter_retention: Duration,
+}
+
+impl TopicPlan {
+    /// A plan for `topology` with `partitions` partitions per topic and
+    /// replication factor 1 (raise it for production clusters).
+    pub fn new(topology: RetryTopology, partitions: i32) -> Self {
+        let longest = topology.schedule().longest_delay();
+        TopicPlan {
+            topology,
+            partitions: partitions.max(1),
+            replication_factor: 1,
+            retry_retention: (longest * 4).max(Duration::from_secs(7 * 24 * 3600)),
+            dead_letter_retention: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+
+    /// Sets the replication factor of every topic.
+    pub fn with_replication_factor(mut self, replication_factor: i16) -> Self {
+        self.replication_factor = replication_factor;
+        self
+    }
+
+    /// The topics, source first, with their settings.
+    pub fn specs(&self) -> Vec<TopicSpec> {
+        let retention = |d: Duration| vec![("retention.ms".to_owned(), d.as_millis().to_string())];
+        let spec = |name: &str, role, configs| TopicSpec {
+            name: name.to_owned(),
+            role,
+            partitions: self.partitions,
+            replication_factor: self.replication_factor,
+            configs,
+        };
+        let mut specs = vec![spec(self.topology.source_topic().as_str(), TopicRole::Source, vec![])];
+        for (_, topic) in self.topology.retry_topics() {
+            specs.push(spec(topic.as_str(), TopicRole::Retry, retention(self.retry_retention)));
+        }
+        specs.push(spec(
+            self.topology.dead_letter_topic().as_str(),
+            TopicRole::DeadLetter,
+            retention(self.dead_letter_retention),
+        ));
+        specs
+    }
+
+    /// Creates every topic that does not exist yet (the source too when
+    /// `include_source`). Idempotent: a topic that exists with enough
+    /// partitions is fine; one with too few is reported, never altered.
+    pub async fn create(&self, config: &ConnectionConfig, include_source: bool) -> Result<Vec<(String, Created)>> {
+        let specs: Vec<TopicSpec> =
+            self.specs().into_iter().filter(|s| include_source || s.role != TopicRole::Source).collect();
+        let addr = config.bootstrap.first().expect("bootstrap brokers are never empty");
+        let mut conn = Connection::connect(addr, &config.client_id, config.request_timeout).await?;
+        let request = CreateTopicsRequest::default()
+            .with_timeout_ms(i32::try_from(config.request_timeout.as_millis()).unwrap_or(i32::MAX))
+            .with_topics(
+                specs
+                    .iter()
+                    .map(|s| {
+                        CreatableTopic::default()
+                            .with_name(TopicName(str_bytes(&s.name)))
+                            .with_num_partitions(s.partitions)
+                            .with_replication_factor(s.replication_factor)
+                            .with_configs(
+                                s.configs
+                                    .iter()
+                                    .map(|(k, v)| {
+                                        CreatableTopicConfig::default()
+                                            .with_name(str_bytes(k))
+                                            .with_value(Some(str_bytes(v)))
+                                    })
+                                    .collect(),
+                            )
+                    })
+                    .collect(),
+            );
+        let (response, _) = conn.send(&request).await?;
+        let mut outcome = Vec::new();
+        for result in &response.topics {
+            let name = result.name.0.to_string();
+            match ResponseError::try_from_code(result.error_code) {
+                None => outcome.push((name, Created::Created)),
+                Some(ResponseError::TopicAlreadyExists) => outcome.push((name, Created::AlreadyExists)),
+                Some(error) => {
+                    let message = result.error_message.as_ref().map(|m| format!(" ({m})")).unwrap_or_default();
+                    return Err(Error::Broker {
+                        api: "CreateTopics",
+                        context: Some(format!("topic {name}{message}")),
+                        error,
+                    });
+                }
+            }
+        }
+        // Existing topics must still have the right shape.
+        let client = connect(config).await?;
+        self.verify_with(&client).await?;
+        Ok(outcome)
+    }
+
+    /// Checks that every topic exists and that each retry and dead-letter
+    /// topic has at least as many partitions as the source; the error lists
+    /// every problem.
+    pub async fn verify(&self, config: &ConnectionConfig) -> Result<()> {
+        let client = connect(config).await?;
+        self.verify_with(&client).await
+    }
+
+    pub(crate) async fn verify_with(&self, client: &Client) -> Result<()> {
+        let topics =
+            client.list_topics().await.map_err(|source| Error::Client { what: "listing topics".into(), source })?;
+        let count = |name: &str| topics.iter().find(|t| t.name == name).map(|t| t.partitions.len() as i32);
+        let source = self.topology.source_topic().as_str();
+        let mut problems = Vec::new();
+        let source_partitions = count(source);
+        if source_partitions.is_none() {
+            problems.push(TopicProblem::Missing { topic: source.to_owned() });
+        }
+        let derived = self.topology.retry_topics().map(|(_, t)| t).chain([self.topology.dead_letter_topic()]);
+        for topic in derived {
+            match (count(topic.as_str()), source_partitions) {
+                (None, _) => problems.push(TopicProblem::Missing { topic: topic.to_string() }),
+                (Some(has), Some(needs)) if has < needs => problems.push(TopicProblem::TooFewPartitions {
+                    topic: topic.to_string(),
+                    has,
+                    needs,
+                    source: source.to_owned(),
+                }),
+                _ => {}
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Topics(TopicProblems(problems)))
+        }
+    }
+}
+
+/// One way the ladder's topics are not ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TopicProblem {
+    /// The topic does not exist.
+    Missing {
+        /// Its name.
+        topic: String,
+    },
+    /// A retry or dead-letter topic has fewer partitions than the source.
+    TooFewPartitions {
+        /// Its name.
+        topic: String,
+        /// Its partition count.
+        has: i32,
+        /// The source's partition count.
+        needs: i32,
+        /// The source topic.
+        source: String,
+    },
+}
+
+/// Every problem found with the ladder's topics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicProblems(pub Vec<TopicProblem>);
+
+impl fmt::Display for TopicProblems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the retry ladder's topics are not ready:")?;
+        for problem in &self.0 {
+            match problem {
+                TopicProblem::Missing { topic } => write!(f, "\n  - topic {topic} is missing")?,
+                TopicProblem::TooFewPartitions { topic, has, needs, source } => {
+                    write!(f, "\n  - topic {topic} has {has} partitions, needs at least {needs} (as many as {source})")?
+                }
+            }
+        }
+        f.write_str("\ntopics are never auto-created: create them explicitly (the service's `topics create` command)")
+    }
+}
+
+impl std::error::Error for TopicProblems {}

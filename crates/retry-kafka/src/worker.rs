@@ -1,0 +1,285 @@
+//! One assigned partition: fetch in order, wait until due (retry rungs),
+//! handle, execute the decision, report the finished offset.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use retry_core::{Decision, HandlerError, Headers, RecordMeta, Stage, Timestamp};
+use rskafka::client::{
+    error::{Error as ClientError, ProtocolError},
+    partition::{OffsetAt, PartitionClient, UnknownTopicHandling},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::{
+    commit::CommitTracker,
+    listener::{OffsetReset, Shared},
+    publisher::Outgoing,
+    stats::bump,
+    ConsumedRecord, RecordHandler, TopicPartition,
+};
+
+/// How a worker is told to stop: `stop` ends fetching and waiting at once;
+/// `abandon` (fired after the grace period) also gives up on the record in
+/// flight, which is then redelivered to the partition's next owner.
+#[derive(Clone)]
+pub(crate) struct StopSignals {
+    pub(crate) stop: CancellationToken,
+    pub(crate) abandon: CancellationToken,
+}
+
+pub(crate) struct Worker<H> {
+    pub(crate) shared: Arc<Shared<H>>,
+    pub(crate) stage: Stage,
+    pub(crate) tp: TopicPartition,
+    pub(crate) tracker: Arc<CommitTracker>,
+    pub(crate) signals: StopSignals,
+}
+
+enum Processed {
+    Done,
+    Abandoned,
+}
+
+impl<H: RecordHandler> Worker<H> {
+    /// Runs until stopped; `committed` is the group's committed offset.
+    pub(crate) async fn run(self, committed: Option<i64>) {
+        let (topic, partition) = self.tp.clone();
+        let client = loop {
+            let connect = self.shared.client.partition_client(topic.clone(), partition, UnknownTopicHandling::Retry);
+            tokio::select! {
+                _ = self.signals.stop.cancelled() => return,
+                result = connect => match result {
+                    Ok(client) => break client,
+                    Err(e) => {
+                        bump(&self.shared.stats.fetch_failures);
+                        tracing::warn!(%topic, partition, error = %e, "cannot reach the partition; retrying");
+                        if self.pause(Duration::from_secs(1)).await { return; }
+                    }
+                }
+            }
+        };
+        let mut offset = match committed {
+            Some(offset) => offset,
+            None => match self.reset_position(&client, "no committed offset").await {
+                Some(offset) => offset,
+                None => return,
+            },
+        };
+        tracing::info!(%topic, partition, offset, "partition assigned; consuming");
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let max_wait = i32::try_from(self.shared.config.fetch_max_wait.as_millis()).unwrap_or(i32::MAX);
+            let fetch = client.fetch_records(offset, 1..self.shared.config.fetch_max_bytes, max_wait);
+            let result = tokio::select! {
+                _ = self.signals.stop.cancelled() => return,
+                result = fetch => result,
+            };
+            match result {
+                Ok((records, _high_watermark)) => {
+                    backoff = Duration::from_millis(100);
+                    if records.is_empty() {
+                        // Brokers that answer empty fetches at once must not make us spin.
+                        if self.pause(Duration::from_millis(20)).await {
+                            return;
+                        }
+                        continue;
+                    }
+                    for r in records {
+                        if r.offset < offset {
+                            continue; // the batch began before our position
+                        }
+                        if self.signals.stop.is_cancelled() {
+                            return;
+                        }
+                        let span = tracing::info_span!(
+                            "record",
+                            %topic,
+                            partition,
+                            offset = r.offset,
+                            attempt = self.attempt(),
+                        );
+                        match self.process(r.offset, r.record).instrument(span).await {
+                            Processed::Done => {
+                                offset = r.offset + 1;
+                                self.tracker.done(&self.tp, offset);
+                            }
+                            Processed::Abandoned => return,
+                        }
+                    }
+                }
+                Err(ClientError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. }) => {
+                    match self.reset_position(&client, &format!("offset {offset} is out of range")).await {
+                        Some(new) => {
+                            bump(&self.shared.stats.offset_resets);
+                            offset = new;
+                        }
+                        None => return,
+                    }
+                }
+                Err(e) => {
+                    bump(&self.shared.stats.fetch_failures);
+                    tracing::warn!(%topic, partition, offset, error = %e, "fetch failed; retrying");
+                    if self.pause(backoff).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Which attempt a record of this stage gets: 1 on the source topic.
+    fn attempt(&self) -> u32 {
+        self.stage.rung().map_or(1, |rung| rung as u32 + 2)
+    }
+
+    /// Sleeps unless stopped; true when stopped.
+    async fn pause(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = self.signals.stop.cancelled() => true,
+            _ = tokio::time::sleep(d) => false,
+        }
+    }
+
+    /// The position the reset policy gives, said out loud: never a silent skip.
+    async fn reset_position(&self, client: &PartitionClient, why: &str) -> Option<i64> {
+        let (topic, partition) = &self.tp;
+        let at = match self.shared.config.offset_reset {
+            OffsetReset::Earliest => OffsetAt::Earliest,
+            OffsetReset::Latest => OffsetAt::Latest,
+        };
+        loop {
+            tokio::select! {
+                _ = self.signals.stop.cancelled() => return None,
+                result = client.get_offset(at) => match result {
+                    Ok(offset) => {
+                        if why.starts_with("no committed") {
+                            tracing::info!(%topic, partition, offset, reset = ?self.shared.config.offset_reset, "{why}; starting from the reset position");
+                        } else {
+                            tracing::warn!(%topic, partition, offset, reset = ?self.shared.config.offset_reset, "{why} (retention deleted unread records?); resetting");
+                        }
+                        return Some(offset);
+                    }
+                    Err(e) => {
+                        tracing::warn!(%topic, partition, error = %e, "cannot read the partition's offsets; retrying");
+                        if self.pause(Duration::from_secs(1)).await { return None; }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn process(&self, offset: i64, record: rskafka::record::Record) -> Processed {
+        let (topic, partition) = &self.tp;
+        let shared = &self.shared;
+        let policy = &shared.config.policy;
+        let headers: Headers = record.headers.into();
+        let millis = record.timestamp.timestamp_millis();
+        let timestamp = (millis >= 0).then(|| Timestamp::from_millis(millis));
+        let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers: &headers };
+
+        // Retry rungs wait until the record is due; stopping ends the wait
+        // and leaves the record to the partition's next owner.
+        let now = Timestamp::from(std::time::SystemTime::now());
+        let due = policy.due_at(self.stage, &meta, now);
+        if due > now && self.pause(now.until(due)).await {
+            return Processed::Abandoned;
+        }
+
+        let key = record.key.map(Bytes::from);
+        let value = record.value.map(Bytes::from);
+        let consumed = ConsumedRecord {
+            topic: topic.clone(),
+            partition: *partition,
+            offset,
+            key: key.clone(),
+            value: value.clone(),
+            headers: headers.clone(),
+            timestamp,
+            attempt: self.attempt(),
+        };
+        let outcome = tokio::select! {
+            _ = self.signals.abandon.cancelled() => return Processed::Abandoned,
+            outcome = self.run_handler(consumed) => outcome,
+        };
+        let now = Timestamp::from(std::time::SystemTime::now());
+        let decision = policy.decide(self.stage, &meta, &outcome, now);
+        let (target, headers, counter) = match decision {
+            Decision::Commit => {
+                bump(&shared.stats.succeeded);
+                return Processed::Done;
+            }
+            Decision::Retry { topic: target, due_at, headers } => {
+                tracing::info!(%target, due_in_ms = now.until(due_at).as_millis() as u64, error = ?outcome.as_ref().err(), "retrying later");
+                (target, headers, &shared.stats.retried)
+            }
+            Decision::DeadLetter { topic: target, reason, headers } => {
+                tracing::warn!(%target, %reason, error = ?outcome.as_ref().err(), "dead-lettering");
+                (target, headers, &shared.stats.dead_lettered)
+            }
+        };
+        // Publish until acknowledged: only then may the offset be committed.
+        let mut backoff = shared.config.publish_backoff_initial;
+        loop {
+            let publish = shared.publisher.publish(Outgoing {
+                topic: target.as_str(),
+                source_partition: *partition,
+                key: key.clone(),
+                value: value.clone(),
+                headers: headers.clone(),
+                timestamp: now,
+            });
+            let result = tokio::select! {
+                _ = self.signals.abandon.cancelled() => return Processed::Abandoned,
+                result = publish => result,
+            };
+            match result {
+                Ok((p, o)) => {
+                    tracing::debug!(%target, partition = p, offset = o, "published");
+                    bump(counter);
+                    return Processed::Done;
+                }
+                Err(e) => {
+                    bump(&shared.stats.publish_failures);
+                    tracing::warn!(%target, error = %e, retry_in_ms = backoff.as_millis() as u64, "publish failed; the partition waits");
+                    tokio::select! {
+                        _ = self.signals.abandon.cancelled() => return Processed::Abandoned,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(shared.config.publish_backoff_max);
+                }
+            }
+        }
+    }
+
+    /// Runs the handler in a task of its own, so a panic is caught and a
+    /// timeout can abort it.
+    async fn run_handler(&self, record: ConsumedRecord) -> Result<(), HandlerError> {
+        let handler = self.shared.handler.clone();
+        let mut task = tokio::spawn(async move { handler.handle(record).await });
+        let timeout = self.shared.config.handler_timeout;
+        match tokio::time::timeout(timeout, &mut task).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(join_error)) => {
+                bump(&self.shared.stats.handler_panics);
+                let message = match join_error.try_into_panic() {
+                    Ok(panic) => panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a non-string payload".into()),
+                    Err(e) => e.to_string(),
+                };
+                tracing::error!(panic = %message, "handler panicked");
+                Err(HandlerError::permanent(format!("handler panicked: {message}")))
+            }
+            Err(_) => {
+                task.abort();
+                bump(&self.shared.stats.handler_timeouts);
+                Err(HandlerError::transient(format!("handler timed out after {timeout:?}")))
+            }
+        }
+    }
+}
