@@ -2,3 +2,6 @@
 //! One binary, one module per area.
 
 mod broker_path;
+mod interop;
+mod ladder;
+mod support;

@@ -38,11 +38,13 @@ pub(crate) fn integration(test_args: &[String]) -> anyhow::Result<()> {
 }
 
 fn run_integration_tests(addr: &str, test_args: &[String]) -> anyhow::Result<()> {
+    let python = crate::python::interop_python()?;
     run(Command::new(cargo())
         .current_dir(workspace_root())
         .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
         .args(test_args)
-        .env(BROKERS_ENV, addr))
+        .env(BROKERS_ENV, addr)
+        .env(crate::python::PYTHON_ENV, python))
 }
 
 /// Every check CI makes, cheapest first, so a formatting slip fails in seconds.

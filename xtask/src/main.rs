@@ -10,6 +10,7 @@ mod broker;
 mod ci;
 mod paths;
 mod process;
+mod python;
 
 use clap::{Parser, Subcommand};
 

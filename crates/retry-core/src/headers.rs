@@ -209,13 +209,14 @@ impl RetryHeaders {
     /// header gives [`Error::CorruptHeader`], never a panic. Optional headers
     /// (`x-original-timestamp`, `x-retry-due-at`, `x-dead-letter-reason`,
     /// `x-replay-count`) may be absent, but not malformed.
+    /// Headers are checked in the order of [`header_names::ALL`], so the
+    /// error names the first bad one.
     pub fn decode(headers: &Headers) -> Result<Self> {
-        let original_topic = required(headers, names::ORIGINAL_TOPIC, |s| {
-            TopicName::new(s).map_err(|_| HeaderProblem::UnknownValue(s.to_owned()))
-        })?;
         Ok(RetryHeaders {
             attempt: required(headers, names::ATTEMPT, parse_number)?,
-            original_topic,
+            original_topic: required(headers, names::ORIGINAL_TOPIC, |s| {
+                TopicName::new(s).map_err(|_| HeaderProblem::UnknownValue(s.to_owned()))
+            })?,
             original_partition: required(headers, names::ORIGINAL_PARTITION, parse_number)?,
             original_offset: required(headers, names::ORIGINAL_OFFSET, parse_number)?,
             original_timestamp: optional(headers, names::ORIGINAL_TIMESTAMP, parse_timestamp)?,

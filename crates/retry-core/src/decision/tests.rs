@@ -213,7 +213,7 @@ fn corrupt_retry_headers_dead_letter_instead_of_looping() {
         r#"dead-letter o.dlq (corrupt-retry-headers): attempt 3 from o.retry-30s/2@7 first 1000000 transient: retry header x-first-failure-at is negative: "-5"; last failure: 503 from provider"#,
     );
     // No retry headers at all: someone produced straight into a retry topic.
-    check(&p, "o.retry-5s", headers(&[("traceparent", "abc")]), permanent(), "dead-letter o.dlq (corrupt-retry-headers): attempt 2 from o.retry-5s/2@7 first 1000000 permanent: retry header x-original-topic is missing; last failure: 400 from provider");
+    check(&p, "o.retry-5s", headers(&[("traceparent", "abc")]), permanent(), "dead-letter o.dlq (corrupt-retry-headers): attempt 2 from o.retry-5s/2@7 first 1000000 permanent: retry header x-retry-attempt is missing; last failure: 400 from provider");
     // Success needs no headers: the event was handled.
     check(&p, "o.retry-5s", headers(&[("traceparent", "abc")]), Ok(()), "commit");
 }

@@ -1,0 +1,150 @@
+//! A foreign client, confluent-kafka (librdkafka) through
+//! `interop/kafka_client.py`, reads, commits and writes what rskafka does:
+//! our records, headers and group offsets are plain Kafka, not a dialect that
+//! only our own code understands.
+
+use std::collections::BTreeMap;
+
+use chrono::{TimeZone, Utc};
+use integration::{broker_addr, kafka_client, rskafka_client, unique_topic, within};
+use rskafka::{
+    client::{
+        partition::{Compression, PartitionClient, UnknownTopicHandling},
+        Client,
+    },
+    record::Record,
+};
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn a_foreign_group_consumes_and_commits_what_rskafka_produced() {
+    let client = rskafka_client().await;
+    let topic = unique_topic("interop-consume");
+    // Any unique string will do as a group id.
+    let group = unique_topic("interop-group");
+    let partition = create_topic(&client, &topic, 2, 1).await;
+
+    // (key, value) of the records produced to partition 1; partition 0 stays empty.
+    let table = [(Some("key-0"), Some("{\"n\":0}")), (Some("key-1"), None), (None, Some("{\"n\":2}"))];
+    let headers =
+        BTreeMap::from([("x-retry-attempt".to_owned(), b"1".to_vec()), ("binary".to_owned(), vec![0, 159, 146, 150])]);
+    let records: Vec<Record> = table
+        .iter()
+        .zip(1_700_000_000_000..)
+        .map(|(&(key, value), millis)| Record {
+            key: key.map(|k| k.as_bytes().to_vec()),
+            value: value.map(|v| v.as_bytes().to_vec()),
+            headers: headers.clone(),
+            timestamp: Utc.timestamp_millis_opt(millis).unwrap(),
+        })
+        .collect();
+    let offsets = within("produce", partition.produce(records, Compression::NoCompression)).await.unwrap();
+    assert_eq!(offsets, [0, 1, 2]);
+
+    assert_eq!(committed(&group, &topic, 2).await, json!({"0": null, "1": null}));
+
+    let brokers = broker_addr();
+    let output = kafka_client(&[
+        "consume",
+        "--brokers",
+        &brokers,
+        "--group",
+        &group,
+        "--topic",
+        &topic,
+        "--max-records",
+        "3",
+        "--idle-timeout-s",
+        "20",
+        "--commit",
+    ])
+    .await;
+    let events = json_lines(&output);
+
+    let (assignments, rest): (Vec<&Value>, Vec<&Value>) = events.iter().partition(|e| e["event"] == "assigned");
+    assert!(!assignments.is_empty(), "the consumer was never assigned partitions:\n{output}");
+    for assignment in assignments {
+        assert_eq!(assignment["partitions"], json!([0, 1]), "a lone member gets every partition:\n{output}");
+    }
+    let expected: Vec<Value> = table
+        .iter()
+        .zip(0..)
+        .map(|(&(key, value), offset)| {
+            json!({
+                "event": "record", "partition": 1, "offset": offset, "key": key, "value": value,
+                // Header values are decoded as UTF-8 with replacement characters.
+                "headers": {"x-retry-attempt": "1", "binary": "\u{0}\u{fffd}\u{fffd}\u{fffd}"},
+            })
+        })
+        .chain([json!({"event": "closed"})])
+        .collect();
+    assert_eq!(rest, expected.iter().collect::<Vec<_>>(), "consumer output:\n{output}");
+
+    // The committed offset is the next one to read.
+    assert_eq!(committed(&group, &topic, 2).await, json!({"0": null, "1": 3}));
+}
+
+#[tokio::test]
+async fn rskafka_fetches_what_a_foreign_producer_wrote() {
+    let client = rskafka_client().await;
+    let topic = unique_topic("interop-produce");
+    let partition = create_topic(&client, &topic, 1, 0).await;
+
+    let brokers = broker_addr();
+    let output = kafka_client(&[
+        "produce",
+        "--brokers",
+        &brokers,
+        "--topic",
+        &topic,
+        "--partition",
+        "0",
+        "--key",
+        "order-7",
+        "--value",
+        "{\"amount\":12}",
+        "--header",
+        "x-retry-attempt=2",
+        // Only the first `=` separates name from value.
+        "--header",
+        "x-error=upstream said: status=503",
+    ])
+    .await;
+    assert_eq!(parse(&output), json!({"partition": 0, "offset": 0}));
+
+    let (fetched, high_watermark) =
+        within("fetch_records", partition.fetch_records(0, 1..1_000_000, 1_000)).await.unwrap();
+    assert_eq!(high_watermark, 1);
+    let [fetched] = &fetched[..] else { panic!("expected one record, fetched {fetched:?}") };
+    assert_eq!(fetched.offset, 0);
+    assert_eq!(fetched.record.key.as_deref(), Some(&b"order-7"[..]));
+    assert_eq!(fetched.record.value.as_deref(), Some(&b"{\"amount\":12}"[..]));
+    let headers = BTreeMap::from([
+        ("x-retry-attempt".to_owned(), b"2".to_vec()),
+        ("x-error".to_owned(), b"upstream said: status=503".to_vec()),
+    ]);
+    assert_eq!(fetched.record.headers, headers);
+}
+
+/// Creates `topic` with `partitions` partitions and returns a client for `partition`.
+async fn create_topic(client: &Client, topic: &str, partitions: i32, partition: i32) -> PartitionClient {
+    let controller = client.controller_client().unwrap();
+    within("create_topic", controller.create_topic(topic, partitions, 1, 10_000)).await.unwrap();
+    within("partition_client", client.partition_client(topic, partition, UnknownTopicHandling::Retry)).await.unwrap()
+}
+
+/// The group's committed offsets as the foreign client reports them.
+async fn committed(group: &str, topic: &str, partitions: u32) -> Value {
+    let brokers = broker_addr();
+    let partitions = partitions.to_string();
+    let args = ["committed", "--brokers", &brokers, "--group", group, "--topic", topic, "--partitions", &partitions];
+    parse(&kafka_client(&args).await)
+}
+
+fn parse(json: &str) -> Value {
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("the interop client printed no JSON document ({e}):\n{json}"))
+}
+
+fn json_lines(output: &str) -> Vec<Value> {
+    output.lines().map(parse).collect()
+}

@@ -1,0 +1,171 @@
+//! The retry ladder end to end against the broker.
+
+use std::time::Duration;
+
+use retry_kafka::Listener;
+use rskafka::record::Record;
+
+use crate::support::{committed, eventually, header, produce, read_partition, Ladder, Scripted, Step, SETTLE};
+
+/// Waits until `topic`/0 holds `n` records and returns them.
+async fn wait_for_records(topic: &str, n: usize) -> Vec<Record> {
+    eventually(&format!("{n} records in {topic}"), SETTLE, || async {
+        let records = read_partition(topic, 0).await;
+        (records.len() >= n).then(|| records.into_iter().map(|r| r.record).collect())
+    })
+    .await
+}
+
+/// Waits until the ladder's groups (source first, then each rung) committed
+/// these offsets on partition 0; `None` skips a group.
+async fn wait_committed(ladder: &Ladder, offsets: &[Option<i64>]) {
+    for ((topic, group), offset) in ladder.config().groups().iter().zip(offsets) {
+        let Some(offset) = offset else { continue };
+        eventually(&format!("{group} to commit {offset}"), SETTLE, || async {
+            (committed(&ladder.connection, group, topic, 1).await[&0] == Some(*offset)).then_some(())
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn transient_failures_climb_the_ladder_and_then_succeed() {
+    let ladder = Ladder::create("climb", "200ms,400ms", 1).await;
+    let handler = Scripted::new(&[("a", &[Step::Transient, Step::Transient, Step::Succeed])]);
+    let listener = Listener::start(ladder.config(), handler.clone()).await.unwrap();
+    produce(ladder.source(), 0, "a", r#"{"n":1}"#, &[("traceparent", b"00-1")]).await;
+
+    eventually("three attempts", SETTLE, || async { (handler.attempts("a").len() == 3).then_some(()) }).await;
+    let expected = [(ladder.source(), 1), (ladder.retry(0), 2), (ladder.retry(1), 3)];
+    assert_eq!(handler.journey("a"), expected.map(|(t, a)| (t.to_owned(), a)));
+    wait_committed(&ladder, &[Some(1), Some(1), Some(1)]).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    assert_eq!((stats.succeeded, stats.retried, stats.dead_lettered), (1, 2, 0));
+
+    assert!(read_partition(ladder.dlq(), 0).await.is_empty(), "nothing dead-lettered");
+    let first = wait_for_records(ladder.retry(0), 1).await;
+    let r = &first[0];
+    assert_eq!(r.key.as_deref(), Some(&b"a"[..]));
+    assert_eq!(r.value.as_deref(), Some(&br#"{"n":1}"#[..]));
+    assert_eq!(header(r, "traceparent"), "00-1");
+    assert_eq!(header(r, "x-retry-attempt"), "1");
+    assert_eq!(header(r, "x-original-topic"), ladder.source());
+    assert_eq!(header(r, "x-original-partition"), "0");
+    assert_eq!(header(r, "x-original-offset"), "0");
+    assert_eq!(header(r, "x-error-kind"), "transient");
+    assert_eq!(header(r, "x-error"), "scripted transient failure of a");
+    let due: i64 = header(r, "x-retry-due-at").parse().unwrap();
+    let first_failure: i64 = header(r, "x-first-failure-at").parse().unwrap();
+    assert_eq!(due - first_failure, 200);
+    let second = wait_for_records(ladder.retry(1), 1).await;
+    assert_eq!(header(&second[0], "x-retry-attempt"), "2");
+    assert_eq!(header(&second[0], "x-first-failure-at"), first_failure.to_string());
+}
+
+#[tokio::test]
+async fn permanent_failures_go_straight_to_the_dead_letter_topic() {
+    let ladder = Ladder::create("permanent", "200ms,400ms", 1).await;
+    let handler = Scripted::new(&[("p", &[Step::Permanent])]);
+    let listener = Listener::start(ladder.config(), handler.clone()).await.unwrap();
+    produce(ladder.source(), 0, "p", "payload", &[("traceparent", b"00-2")]).await;
+
+    let dead = wait_for_records(ladder.dlq(), 1).await;
+    wait_committed(&ladder, &[Some(1)]).await;
+    listener.shutdown().await;
+    assert_eq!(handler.attempts("p"), [1]);
+    let r = &dead[0];
+    assert_eq!(r.value.as_deref(), Some(&b"payload"[..]));
+    assert_eq!(header(r, "traceparent"), "00-2");
+    assert_eq!(header(r, "x-dead-letter-reason"), "permanent-failure");
+    assert_eq!(header(r, "x-error-kind"), "permanent");
+    assert_eq!(header(r, "x-error"), "scripted permanent failure of p");
+    assert_eq!(header(r, "x-retry-attempt"), "1");
+    assert_eq!(header(r, "x-retry-due-at"), "<absent>");
+    assert!(read_partition(ladder.retry(0), 0).await.is_empty());
+}
+
+#[tokio::test]
+async fn exhausted_attempts_end_in_the_dead_letter_topic_with_every_header() {
+    let ladder = Ladder::create("exhausted", "100ms,200ms", 1).await;
+    let handler = Scripted::new(&[("x", &[Step::Transient, Step::Transient, Step::Transient, Step::Succeed])]);
+    let listener = Listener::start(ladder.config(), handler.clone()).await.unwrap();
+    let offset = produce(ladder.source(), 0, "x", "v", &[]).await;
+
+    let dead = wait_for_records(ladder.dlq(), 1).await;
+    wait_committed(&ladder, &[Some(1), Some(1), Some(1)]).await;
+    listener.shutdown().await;
+    assert_eq!(handler.attempts("x"), [1, 2, 3], "attempts stop at the schedule's end");
+    let r = &dead[0];
+    let expected = [
+        ("x-dead-letter-reason", "retries-exhausted".to_owned()),
+        ("x-retry-attempt", "3".to_owned()),
+        ("x-original-topic", ladder.source().to_owned()),
+        ("x-original-partition", "0".to_owned()),
+        ("x-original-offset", offset.to_string()),
+        ("x-error-kind", "transient".to_owned()),
+        ("x-error", "scripted transient failure of x".to_owned()),
+        ("x-replay-count", "0".to_owned()),
+    ];
+    for (name, value) in expected {
+        assert_eq!(header(r, name), value, "{name}");
+    }
+    for name in ["x-original-timestamp", "x-first-failure-at"] {
+        assert!(header(r, name).parse::<i64>().is_ok(), "{name} = {}", header(r, name));
+    }
+}
+
+#[tokio::test]
+async fn corrupt_retry_headers_are_dead_lettered_not_looped() {
+    let ladder = Ladder::create("corrupt", "100ms,200ms", 1).await;
+    let handler = Scripted::new(&[("c", &[Step::Transient])]);
+    let listener = Listener::start(ladder.config(), handler.clone()).await.unwrap();
+    // Someone wrote into a retry topic by hand, with garbage for our headers.
+    produce(ladder.retry(0), 0, "c", "v", &[("x-retry-attempt", b"lots"), ("x-retry-due-at", b"\xff\xfe")]).await;
+
+    let dead = wait_for_records(ladder.dlq(), 1).await;
+    wait_committed(&ladder, &[None, Some(1)]).await;
+    listener.shutdown().await;
+    assert_eq!(handler.attempts("c"), [2]);
+    assert_eq!(header(&dead[0], "x-dead-letter-reason"), "corrupt-retry-headers");
+    assert!(
+        header(&dead[0], "x-error").starts_with("retry header x-retry-attempt is not a number"),
+        "{}",
+        header(&dead[0], "x-error")
+    );
+}
+
+#[tokio::test]
+async fn a_handler_panic_is_a_permanent_failure() {
+    let ladder = Ladder::create("panic", "100ms", 1).await;
+    let handler = Scripted::new(&[("boom", &[Step::Panic])]);
+    let listener = Listener::start(ladder.config(), handler.clone()).await.unwrap();
+    produce(ladder.source(), 0, "boom", "v", &[]).await;
+    produce(ladder.source(), 0, "fine", "v", &[]).await;
+
+    let dead = wait_for_records(ladder.dlq(), 1).await;
+    eventually("the next record handled", SETTLE, || async { (handler.attempts("fine") == [1]).then_some(()) }).await;
+    wait_committed(&ladder, &[Some(2)]).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    assert_eq!(stats.handler_panics, 1);
+    assert_eq!(header(&dead[0], "x-dead-letter-reason"), "permanent-failure");
+    assert_eq!(header(&dead[0], "x-error"), "handler panicked: scripted panic for boom");
+}
+
+#[tokio::test]
+async fn a_slow_handler_times_out_as_a_transient_failure() {
+    let ladder = Ladder::create("slow", "100ms", 1).await;
+    let handler = Scripted::new(&[("slow", &[Step::Sleep(Duration::from_secs(30))])]);
+    let mut config = ladder.config();
+    config.handler_timeout = Duration::from_millis(300);
+    let listener = Listener::start(config, handler.clone()).await.unwrap();
+    produce(ladder.source(), 0, "slow", "v", &[]).await;
+
+    eventually("the retry", SETTLE, || async { (handler.attempts("slow") == [1, 2]).then_some(()) }).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    assert_eq!(stats.handler_timeouts, 1);
+    let retried = wait_for_records(ladder.retry(0), 1).await;
+    assert_eq!(header(&retried[0], "x-error"), "handler timed out after 300ms");
+}

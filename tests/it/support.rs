@@ -1,0 +1,225 @@
+//! Shared pieces of the ladder tests: a fresh ladder of topics, a scripted
+//! handler, and ways to look at what landed where.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use chrono::{TimeZone, Utc};
+use integration::{broker_addr, rskafka_client, unique_topic, within, BROKER_TIMEOUT};
+use retry_core::{HandlerError, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
+use retry_kafka::{ConnectionConfig, ConsumedRecord, ListenerConfig, RecordHandler, TopicPlan};
+use rskafka::{
+    client::partition::{Compression, UnknownTopicHandling},
+    record::{Record, RecordAndOffset},
+};
+
+/// Logs to the test output when `RUST_LOG` is set.
+pub(crate) fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+/// A ladder on fresh topics, created with `partitions` partitions each.
+pub(crate) struct Ladder {
+    pub(crate) connection: ConnectionConfig,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) group_id: String,
+}
+
+impl Ladder {
+    pub(crate) async fn create(name: &str, schedule: &str, partitions: i32) -> Ladder {
+        init_tracing();
+        let source = unique_topic(name);
+        let schedule: RetrySchedule = schedule.parse().unwrap();
+        let topology = RetryTopology::new(&source, &schedule).unwrap();
+        let connection = ConnectionConfig::new(&broker_addr(), "kafka-retry-it").unwrap();
+        let plan = TopicPlan::new(topology.clone(), partitions);
+        within("create topics", plan.create(&connection, true)).await.unwrap();
+        Ladder {
+            connection,
+            policy: RetryPolicy::new(topology, PolicyConfig::default()),
+            group_id: format!("{source}-group"),
+        }
+    }
+
+    pub(crate) fn source(&self) -> &str {
+        self.policy.topology().source_topic().as_str()
+    }
+
+    pub(crate) fn retry(&self, rung: usize) -> &str {
+        self.policy.topology().retry_topic(rung).unwrap().as_str()
+    }
+
+    pub(crate) fn dlq(&self) -> &str {
+        self.policy.topology().dead_letter_topic().as_str()
+    }
+
+    /// A listener config tuned for tests: fast heartbeats and commits.
+    pub(crate) fn config(&self) -> ListenerConfig {
+        let mut c = ListenerConfig::new(self.connection.clone(), &self.group_id, self.policy.clone());
+        c.session_timeout = Duration::from_secs(6);
+        c.heartbeat_interval = Duration::from_millis(300);
+        c.rebalance_timeout = Duration::from_secs(10);
+        c.shutdown_grace = Duration::from_secs(2);
+        c.commit_interval = Duration::from_millis(200);
+        c.fetch_max_wait = Duration::from_millis(200);
+        c.handler_timeout = Duration::from_secs(5);
+        c
+    }
+}
+
+/// Produces one record and returns its offset.
+pub(crate) async fn produce(topic: &str, partition: i32, key: &str, value: &str, headers: &[(&str, &[u8])]) -> i64 {
+    let client = rskafka_client().await;
+    let pc = within("partition client", client.partition_client(topic, partition, UnknownTopicHandling::Retry))
+        .await
+        .unwrap();
+    let record = Record {
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(value.as_bytes().to_vec()),
+        headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect(),
+        timestamp: Utc.timestamp_millis_opt(chrono_now_millis()).unwrap(),
+    };
+    within("produce", pc.produce(vec![record], Compression::NoCompression)).await.unwrap()[0]
+}
+
+fn chrono_now_millis() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Every record of one partition.
+pub(crate) async fn read_partition(topic: &str, partition: i32) -> Vec<RecordAndOffset> {
+    let client = rskafka_client().await;
+    let pc = within("partition client", client.partition_client(topic, partition, UnknownTopicHandling::Retry))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    loop {
+        let (records, high_watermark) = within(
+            "fetch",
+            pc.fetch_records(out.last().map_or(0, |r: &RecordAndOffset| r.offset + 1), 1..10_000_000, 100),
+        )
+        .await
+        .unwrap();
+        let next = out.last().map_or(0, |l: &RecordAndOffset| l.offset + 1);
+        out.extend(records.into_iter().filter(|r| r.offset >= next));
+        if out.last().map_or(0, |r| r.offset + 1) >= high_watermark {
+            return out;
+        }
+    }
+}
+
+/// A header's value as text.
+pub(crate) fn header(r: &Record, name: &str) -> String {
+    String::from_utf8_lossy(r.headers.get(name).map(Vec::as_slice).unwrap_or(b"<absent>")).into_owned()
+}
+
+/// Polls `check` until it returns `Some`, failing the test after `timeout`.
+pub(crate) async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// How long a test waits for the ladder to settle.
+pub(crate) const SETTLE: Duration = BROKER_TIMEOUT;
+
+/// What the scripted handler does with one delivery.
+#[derive(Debug, Clone)]
+pub(crate) enum Step {
+    Succeed,
+    Transient,
+    Permanent,
+    Panic,
+    Sleep(Duration),
+}
+
+/// One handler call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Call {
+    pub(crate) topic: String,
+    pub(crate) partition: i32,
+    pub(crate) key: String,
+    pub(crate) attempt: u32,
+}
+
+/// A handler that follows a script per record key (default: succeed) and
+/// logs each call.
+#[derive(Default)]
+pub(crate) struct Scripted {
+    script: Mutex<HashMap<String, VecDeque<Step>>>,
+    calls: Mutex<Vec<Call>>,
+}
+
+impl Scripted {
+    pub(crate) fn new(script: &[(&str, &[Step])]) -> Arc<Self> {
+        let script = script.iter().map(|(k, steps)| (k.to_string(), steps.iter().cloned().collect())).collect();
+        Arc::new(Scripted { script: Mutex::new(script), calls: Mutex::default() })
+    }
+
+    pub(crate) fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// The attempts seen for `key`, in order.
+    pub(crate) fn attempts(&self, key: &str) -> Vec<u32> {
+        self.calls().into_iter().filter(|c| c.key == key).map(|c| c.attempt).collect()
+    }
+
+    /// The calls for `key`, as (topic, attempt).
+    pub(crate) fn journey(&self, key: &str) -> Vec<(String, u32)> {
+        self.calls().into_iter().filter(|c| c.key == key).map(|c| (c.topic, c.attempt)).collect()
+    }
+}
+
+impl RecordHandler for Scripted {
+    async fn handle(&self, record: ConsumedRecord) -> Result<(), HandlerError> {
+        let key = record.key.as_deref().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
+        self.calls.lock().unwrap().push(Call {
+            topic: record.topic.clone(),
+            partition: record.partition,
+            key: key.clone(),
+            attempt: record.attempt,
+        });
+        let step = self.script.lock().unwrap().get_mut(&key).and_then(VecDeque::pop_front).unwrap_or(Step::Succeed);
+        match step {
+            Step::Succeed => Ok(()),
+            Step::Transient => Err(HandlerError::transient(format!("scripted transient failure of {key}"))),
+            Step::Permanent => Err(HandlerError::permanent(format!("scripted permanent failure of {key}"))),
+            Step::Panic => panic!("scripted panic for {key}"),
+            Step::Sleep(d) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The committed offsets of `group` for partitions 0..n of `topic`.
+pub(crate) async fn committed(
+    connection: &ConnectionConfig,
+    group: &str,
+    topic: &str,
+    n: i32,
+) -> BTreeMap<i32, Option<i64>> {
+    let mut offsets = retry_kafka::GroupOffsets::new(connection.clone(), group);
+    let tps: Vec<(String, i32)> = (0..n).map(|p| (topic.to_owned(), p)).collect();
+    let got = within("committed offsets", offsets.committed(&tps)).await.unwrap();
+    got.into_iter().map(|((_, p), o)| (p, o)).collect()
+}
