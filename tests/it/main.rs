@@ -2,6 +2,7 @@
 //! One binary, one module per area.
 
 mod broker_path;
+mod group;
 mod interop;
 mod ladder;
 mod support;

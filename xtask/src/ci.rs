@@ -18,23 +18,30 @@ pub(crate) const BROKERS_ENV: &str = "KAFKA_RETRY_BROKERS";
 /// `$KAFKA_RETRY_BROKERS`, else one `broker up` left running, else a fresh
 /// tansu that is stopped afterwards, whatever the tests' outcome.
 pub(crate) fn integration(test_args: &[String]) -> anyhow::Result<()> {
+    with_broker(|addr| run_integration_tests(addr, test_args))
+}
+
+/// Runs `work` with a broker's address: `$KAFKA_RETRY_BROKERS`, else the
+/// broker `broker up` left running, else a fresh tansu that is stopped
+/// afterwards, whatever `work`'s outcome.
+pub(crate) fn with_broker(work: impl FnOnce(&str) -> anyhow::Result<()>) -> anyhow::Result<()> {
     if let Ok(addr) = std::env::var(BROKERS_ENV) {
         eprintln!("using the broker at {addr} from {BROKERS_ENV}");
-        return run_integration_tests(&addr, test_args);
+        return work(&addr);
     }
     if let Some(broker) = Broker::load()? {
         if broker.answers() {
             eprintln!("using the running broker at {} (left running)", broker.addr);
-            return run_integration_tests(&broker.addr, test_args);
+            return work(&broker.addr);
         }
         broker.stop()?;
     }
     let broker = Broker::start_tansu(None)?;
     eprintln!("started tansu at {}", broker.addr);
-    let result = run_integration_tests(&broker.addr, test_args);
+    let result = work(&broker.addr);
     let stopped = broker.stop();
     result?;
-    stopped.context("the integration tests passed, but the broker did not stop")
+    stopped.context("the work succeeded, but the broker did not stop")
 }
 
 fn run_integration_tests(addr: &str, test_args: &[String]) -> anyhow::Result<()> {
@@ -67,7 +74,7 @@ pub(crate) fn ci() -> anyhow::Result<()> {
 
 /// Crates that must stay pure Rust: no C Kafka client, no OpenSSL, no `-sys`
 /// crate (C libraries make builds slow and deployments fragile).
-const PURE_RUST_CRATES: &[&str] = &["retry-core"];
+const PURE_RUST_CRATES: &[&str] = &["retry-core", "retry-kafka"];
 
 /// `-sys` crates that bind no C library, so they are fine.
 const PURE_SYS_CRATES: &[&str] = &["linux-raw-sys"];

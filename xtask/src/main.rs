@@ -6,6 +6,7 @@
 //! installs (`~/.cache/kafka-retry/`, see [`paths::cache_dir`]) and the
 //! broker's temporary data directory.
 
+mod bench;
 mod broker;
 mod ci;
 mod paths;
@@ -36,6 +37,8 @@ enum Command {
         #[arg(trailing_var_arg = true)]
         test_args: Vec<String>,
     },
+    /// Throughput of the pipeline beside the raw rskafka ceiling, against a broker.
+    Bench(bench::BenchArgs),
     /// Everything CI checks: formatting, lints, unit tests, docs, dependency
     /// rules and the integration tests.
     Ci,
@@ -45,6 +48,7 @@ fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Broker { action } => broker::run(action),
         Command::Integration { test_args } => ci::integration(&test_args),
+        Command::Bench(args) => bench::bench(&args),
         Command::Ci => ci::ci(),
     };
     match result {

@@ -10,6 +10,35 @@
 //!
 //! Pure Rust: produce and fetch go through `rskafka`; consumer groups and
 //! offset commits, which rskafka lacks, through `kafka-protocol`.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use retry_core::{HandlerError, RetryPolicy, RetryTopology};
+//! use retry_kafka::{ConnectionConfig, ConsumedRecord, Listener, ListenerConfig, RecordHandler, TopicPlan};
+//!
+//! struct Charge;
+//!
+//! impl RecordHandler for Charge {
+//!     async fn handle(&self, record: ConsumedRecord) -> Result<(), HandlerError> {
+//!         // Call the fragile thing; classify what went wrong.
+//!         Err(HandlerError::transient("billing provider answered 503"))
+//!     }
+//! }
+//!
+//! # async fn run() -> retry_kafka::Result<()> {
+//! let connection = ConnectionConfig::new("127.0.0.1:9092", "billing")?;
+//! let topology = RetryTopology::new("orders.confirmed", &"5s,30s,5m".parse()?)?;
+//! // Once, explicitly (an admin command): topics are never auto-created.
+//! TopicPlan::new(topology.clone(), 3).create(&connection, true).await?;
+//!
+//! let policy = RetryPolicy::new(topology, Default::default());
+//! let config = ListenerConfig::new(connection, "billing", policy);
+//! let listener = Listener::start(config, Arc::new(Charge)).await?; // verifies the topics
+//! // ... until SIGTERM:
+//! listener.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
 
 mod assignor;
 mod commit;

@@ -53,6 +53,10 @@ pub struct ListenerConfig {
     /// The most bytes one fetch returns per partition: what a partition
     /// holds in memory at once, including one waiting for its due time.
     pub fetch_max_bytes: i32,
+    /// The same for retry rungs, smaller: a rung's head record usually waits
+    /// for its due time, and fetching far ahead of it only costs memory and
+    /// broker work.
+    pub retry_fetch_max_bytes: i32,
     /// How long the broker may hold a fetch that has no records yet.
     pub fetch_max_wait: Duration,
     /// Where to start without a (valid) committed offset.
@@ -65,7 +69,8 @@ pub struct ListenerConfig {
 
 impl ListenerConfig {
     /// A config with defaults: 10 s session, 3 s heartbeats, 30 s handler
-    /// timeout, 10 s grace, commits every second or 100 records, 1 MiB fetches.
+    /// timeout, 10 s grace, commits every second or 100 records, 1 MiB fetches
+    /// (64 KiB on retry rungs).
     pub fn new(connection: ConnectionConfig, group_id: &str, policy: RetryPolicy) -> Self {
         ListenerConfig {
             connection,
@@ -79,6 +84,7 @@ impl ListenerConfig {
             commit_interval: Duration::from_secs(1),
             commit_batch: 100,
             fetch_max_bytes: 1 << 20,
+            retry_fetch_max_bytes: 64 << 10,
             fetch_max_wait: Duration::from_millis(500),
             offset_reset: OffsetReset::Earliest,
             publish_backoff_initial: Duration::from_millis(100),
@@ -108,8 +114,8 @@ impl ListenerConfig {
             Some("heartbeat_interval must be shorter than session_timeout")
         } else if self.handler_timeout.is_zero() {
             Some("handler_timeout must be positive")
-        } else if self.fetch_max_bytes < 1024 {
-            Some("fetch_max_bytes must be at least 1024")
+        } else if self.fetch_max_bytes < 1024 || self.retry_fetch_max_bytes < 1024 {
+            Some("fetch_max_bytes and retry_fetch_max_bytes must be at least 1024")
         } else if self.shutdown_grace >= self.rebalance_timeout {
             Some("shutdown_grace must be shorter than rebalance_timeout, or a rebalance evicts us")
         } else {

@@ -2,7 +2,7 @@
 //! all in-sync replicas (rskafka produces with acks=all).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
 };
 
@@ -17,6 +17,8 @@ use rskafka::{
     record::Record,
 };
 
+use tokio::task::JoinSet;
+
 use crate::{Error, Result};
 
 /// Publishes to any topic-partition, caching one rskafka client per target.
@@ -27,8 +29,8 @@ pub(crate) struct Publisher {
 }
 
 /// A record to publish.
-pub(crate) struct Outgoing<'a> {
-    pub(crate) topic: &'a str,
+pub(crate) struct Outgoing {
+    pub(crate) topic: String,
     pub(crate) source_partition: i32,
     pub(crate) key: Option<Bytes>,
     pub(crate) value: Option<Bytes>,
@@ -41,36 +43,65 @@ impl Publisher {
         Publisher { client, partitions: Mutex::default(), partition_counts: Mutex::default() }
     }
 
-    /// Publishes `record`, returning where it landed once the broker
-    /// acknowledged it. The partition is the source's partition number when
-    /// the target has it (the usual case: topics are verified to have at
-    /// least as many partitions), else chosen from the key like Kafka's
+    /// Publishes every record of `outbox`, in order per target partition,
+    /// one produce request per target partition, all concurrently; returns
+    /// once the broker acknowledged them (acks=all). Records acknowledged are
+    /// removed from `outbox`; on error the rest stay, for a later try, and
+    /// the first error is returned.
+    ///
+    /// A record keeps its source partition number when the target has it
+    /// (the usual case: topics are verified to have at least as many
+    /// partitions), else the partition is chosen from the key like Kafka's
     /// default partitioner.
-    pub(crate) async fn publish(&self, record: Outgoing<'_>) -> Result<(i32, i64)> {
-        let count = self.partition_count(record.topic).await?;
-        let partition = choose_partition(record.source_partition, record.key.as_deref(), count);
-        let client = self.partition_client(record.topic, partition).await?;
-        let timestamp = Utc
-            .timestamp_millis_opt(record.timestamp.as_millis())
-            .single()
-            .unwrap_or_else(|| Utc.timestamp_millis_opt(0).single().expect("the epoch exists"));
-        let rs_record = Record {
-            key: record.key.map(Vec::from),
-            value: record.value.map(Vec::from),
-            // rskafka's headers are a map: a repeated name keeps its last value.
-            headers: record.headers.into(),
-            timestamp,
-        };
-        let offsets = client
-            .produce(vec![rs_record], Compression::NoCompression)
-            .await
-            .map_err(|source| Error::Client { what: format!("publishing to {}/{partition}", record.topic), source })?;
-        let offset = offsets.first().copied().ok_or_else(|| Error::Protocol {
-            addr: String::new(),
-            api: "Produce",
-            reason: format!("no offset returned for {}/{partition}", record.topic),
-        })?;
-        Ok((partition, offset))
+    pub(crate) async fn publish_all(&self, outbox: &mut Vec<Outgoing>) -> Result<()> {
+        let mut groups: BTreeMap<(String, i32), Vec<Outgoing>> = BTreeMap::new();
+        let mut first_error = None;
+        for record in outbox.drain(..) {
+            match self.partition_count(&record.topic).await {
+                Ok(count) => {
+                    let partition = choose_partition(record.source_partition, record.key.as_deref(), count);
+                    groups.entry((record.topic.clone(), partition)).or_default().push(record);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    groups.entry((record.topic.clone(), -1)).or_default().push(record);
+                }
+            }
+        }
+        let mut requests = JoinSet::new();
+        for ((topic, partition), records) in groups {
+            if partition < 0 {
+                outbox.extend(records); // no partition count: not sent
+                continue;
+            }
+            let client = match self.partition_client(&topic, partition).await {
+                Ok(client) => client,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    outbox.extend(records);
+                    continue;
+                }
+            };
+            requests.spawn(async move {
+                let batch = records.iter().map(to_rskafka).collect();
+                let result = client
+                    .produce(batch, Compression::NoCompression)
+                    .await
+                    .map_err(|source| Error::Client { what: format!("publishing to {topic}/{partition}"), source });
+                (result, records)
+            });
+        }
+        while let Some(joined) = requests.join_next().await {
+            let (result, records) = joined.expect("produce tasks do not panic");
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
+                outbox.extend(records);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     async fn partition_count(&self, topic: &str) -> Result<i32> {
@@ -106,6 +137,20 @@ impl Publisher {
         let client = Arc::new(client);
         self.partitions.lock().expect("not poisoned").insert(key, client.clone());
         Ok(client)
+    }
+}
+
+fn to_rskafka(record: &Outgoing) -> Record {
+    let timestamp = Utc
+        .timestamp_millis_opt(record.timestamp.as_millis())
+        .single()
+        .unwrap_or_else(|| Utc.timestamp_millis_opt(0).single().expect("the epoch exists"));
+    Record {
+        key: record.key.as_ref().map(|k| k.to_vec()),
+        value: record.value.as_ref().map(|v| v.to_vec()),
+        // rskafka's headers are a map: a repeated name keeps its last value.
+        headers: record.headers.clone().into(),
+        timestamp,
     }
 }
 

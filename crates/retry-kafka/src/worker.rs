@@ -37,6 +37,32 @@ pub(crate) struct Worker<H> {
     pub(crate) signals: StopSignals,
 }
 
+/// The most republications a worker holds before sending them.
+const MAX_OUTBOX: usize = 500;
+
+/// Republications decided but not yet acknowledged.
+#[derive(Default)]
+struct Outbox {
+    records: Vec<Outgoing>,
+    retries: u64,
+    dead_letters: u64,
+}
+
+impl Outbox {
+    fn push(&mut self, record: Outgoing, dead_letter: bool) {
+        self.records.push(record);
+        if dead_letter {
+            self.dead_letters += 1;
+        } else {
+            self.retries += 1;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+}
+
 enum Processed {
     Done,
     Abandoned,
@@ -69,9 +95,17 @@ impl<H: RecordHandler> Worker<H> {
         };
         tracing::info!(%topic, partition, offset, "partition assigned; consuming");
         let mut backoff = Duration::from_millis(100);
+        // Brokers that answer an empty fetch at once, ignoring its max wait,
+        // must not make an idle partition spin: wait longer after each.
+        let mut idle = Duration::ZERO;
         loop {
             let max_wait = i32::try_from(self.shared.config.fetch_max_wait.as_millis()).unwrap_or(i32::MAX);
-            let fetch = client.fetch_records(offset, 1..self.shared.config.fetch_max_bytes, max_wait);
+            let max_bytes = match self.stage.rung() {
+                None => self.shared.config.fetch_max_bytes,
+                Some(_) => self.shared.config.retry_fetch_max_bytes,
+            };
+            let fetch = client.fetch_records(offset, 1..max_bytes, max_wait);
+            let fetched_at = tokio::time::Instant::now();
             let result = tokio::select! {
                 _ = self.signals.stop.cancelled() => return,
                 result = fetch => result,
@@ -80,18 +114,25 @@ impl<H: RecordHandler> Worker<H> {
                 Ok((records, _high_watermark)) => {
                     backoff = Duration::from_millis(100);
                     if records.is_empty() {
-                        // Brokers that answer empty fetches at once must not make us spin.
-                        if self.pause(Duration::from_millis(20)).await {
-                            return;
+                        if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2 {
+                            idle = (idle * 2).clamp(Duration::from_millis(10), self.shared.config.fetch_max_wait);
+                            if self.pause(idle).await {
+                                return;
+                            }
                         }
                         continue;
                     }
+                    idle = Duration::ZERO;
+                    // Republications of this batch are sent together, one
+                    // request per target partition; the batch's offsets are
+                    // reported done only once they are all acknowledged.
+                    let mut outbox = Outbox::default();
                     for r in records {
                         if r.offset < offset {
                             continue; // the batch began before our position
                         }
                         if self.signals.stop.is_cancelled() {
-                            return;
+                            break;
                         }
                         let span = tracing::info_span!(
                             "record",
@@ -100,13 +141,21 @@ impl<H: RecordHandler> Worker<H> {
                             offset = r.offset,
                             attempt = self.attempt(),
                         );
-                        match self.process(r.offset, r.record).instrument(span).await {
+                        match self.process(r.offset, r.record, &mut outbox).instrument(span).await {
                             Processed::Done => {
                                 offset = r.offset + 1;
-                                self.tracker.done(&self.tp, offset);
+                                if outbox.is_empty() {
+                                    self.tracker.done(&self.tp, offset);
+                                }
                             }
                             Processed::Abandoned => return,
                         }
+                        if outbox.records.len() >= MAX_OUTBOX && !self.flush(&mut outbox, offset).await {
+                            return;
+                        }
+                    }
+                    if !self.flush(&mut outbox, offset).await || self.signals.stop.is_cancelled() {
+                        return;
                     }
                 }
                 Err(ClientError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. }) => {
@@ -171,7 +220,7 @@ impl<H: RecordHandler> Worker<H> {
         }
     }
 
-    async fn process(&self, offset: i64, record: rskafka::record::Record) -> Processed {
+    async fn process(&self, offset: i64, record: rskafka::record::Record, outbox: &mut Outbox) -> Processed {
         let (topic, partition) = &self.tp;
         let shared = &self.shared;
         let policy = &shared.config.policy;
@@ -184,8 +233,14 @@ impl<H: RecordHandler> Worker<H> {
         // and leaves the record to the partition's next owner.
         let now = Timestamp::from(std::time::SystemTime::now());
         let due = policy.due_at(self.stage, &meta, now);
-        if due > now && self.pause(now.until(due)).await {
-            return Processed::Abandoned;
+        if due > now {
+            // Nothing already decided waits behind a due time.
+            if !self.flush(outbox, offset).await {
+                return Processed::Abandoned;
+            }
+            if self.pause(now.until(due)).await {
+                return Processed::Abandoned;
+            }
         }
 
         let key = record.key.map(Bytes::from);
@@ -206,52 +261,59 @@ impl<H: RecordHandler> Worker<H> {
         };
         let now = Timestamp::from(std::time::SystemTime::now());
         let decision = policy.decide(self.stage, &meta, &outcome, now);
-        let (target, headers, counter) = match decision {
+        let (target, headers, dead_letter) = match decision {
             Decision::Commit => {
                 bump(&shared.stats.succeeded);
                 return Processed::Done;
             }
             Decision::Retry { topic: target, due_at, headers } => {
                 tracing::info!(%target, due_in_ms = now.until(due_at).as_millis() as u64, error = ?outcome.as_ref().err(), "retrying later");
-                (target, headers, &shared.stats.retried)
+                (target, headers, false)
             }
             Decision::DeadLetter { topic: target, reason, headers } => {
                 tracing::warn!(%target, %reason, error = ?outcome.as_ref().err(), "dead-lettering");
-                (target, headers, &shared.stats.dead_lettered)
+                (target, headers, true)
             }
         };
-        // Publish until acknowledged: only then may the offset be committed.
+        outbox.push(
+            Outgoing { topic: target.to_string(), source_partition: *partition, key, value, headers, timestamp: now },
+            dead_letter,
+        );
+        Processed::Done
+    }
+
+    /// Publishes what the outbox holds until the broker acknowledged all of
+    /// it (the partition waits meanwhile; heartbeats do not), then reports
+    /// every record before `next_offset` done. False when abandoned.
+    async fn flush(&self, outbox: &mut Outbox, next_offset: i64) -> bool {
+        if outbox.is_empty() {
+            return true;
+        }
+        let shared = &self.shared;
         let mut backoff = shared.config.publish_backoff_initial;
         loop {
-            let publish = shared.publisher.publish(Outgoing {
-                topic: target.as_str(),
-                source_partition: *partition,
-                key: key.clone(),
-                value: value.clone(),
-                headers: headers.clone(),
-                timestamp: now,
-            });
             let result = tokio::select! {
-                _ = self.signals.abandon.cancelled() => return Processed::Abandoned,
-                result = publish => result,
+                _ = self.signals.abandon.cancelled() => return false,
+                result = shared.publisher.publish_all(&mut outbox.records) => result,
             };
             match result {
-                Ok((p, o)) => {
-                    tracing::debug!(%target, partition = p, offset = o, "published");
-                    bump(counter);
-                    return Processed::Done;
-                }
+                Ok(()) => break,
                 Err(e) => {
                     bump(&shared.stats.publish_failures);
-                    tracing::warn!(%target, error = %e, retry_in_ms = backoff.as_millis() as u64, "publish failed; the partition waits");
+                    tracing::warn!(error = %e, left = outbox.records.len(), retry_in_ms = backoff.as_millis() as u64, "publish failed; the partition waits");
                     tokio::select! {
-                        _ = self.signals.abandon.cancelled() => return Processed::Abandoned,
+                        _ = self.signals.abandon.cancelled() => return false,
                         _ = tokio::time::sleep(backoff) => {}
                     }
                     backoff = (backoff * 2).min(shared.config.publish_backoff_max);
                 }
             }
         }
+        shared.stats.retried.fetch_add(outbox.retries, std::sync::atomic::Ordering::Relaxed);
+        shared.stats.dead_lettered.fetch_add(outbox.dead_letters, std::sync::atomic::Ordering::Relaxed);
+        *outbox = Outbox::default();
+        self.tracker.done(&self.tp, next_offset);
+        true
     }
 
     /// Runs the handler in a task of its own, so a panic is caught and a

@@ -1,0 +1,211 @@
+//! The pipeline benchmark, run by `cargo xtask bench` (release build, one
+//! process per scenario so each reports its own peak memory):
+//!
+//! - `raw <topic> <partitions> <records>`: the ceiling: rskafka produce and
+//!   fetch of the same records, no pipeline;
+//! - `raw-headers <topic> <partitions> <records>`: the same with the 11
+//!   headers a retried record carries;
+//! - `probe <topic> <partition> <max-bytes>`: one fetch, timed;
+//! - `pipeline <topic> <partitions> <records> <failure-percent>`: a listener
+//!   drains the source topic with a no-op handler that fails transiently for
+//!   the given share of records (on the source topic only).
+//!
+//! Each prints one line of `key=value` figures for xtask to tabulate.
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use chrono::{TimeZone, Utc};
+use integration::{broker_addr, rskafka_client};
+use retry_core::{HandlerError, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
+use retry_kafka::{ConnectionConfig, ConsumedRecord, GroupOffsets, Listener, ListenerConfig, RecordHandler, TopicPlan};
+use rskafka::{
+    client::partition::{Compression, UnknownTopicHandling},
+    record::Record,
+};
+
+const VALUE_BYTES: usize = 256;
+const PRODUCE_BATCH: usize = 500;
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| {
+        args.get(i)
+            .unwrap_or_else(|| panic!("usage: bench raw|pipeline <topic> <partitions> <records> [failure-percent]"))
+    };
+    let topic = arg(1).clone();
+    let partitions: i32 = arg(2).parse().expect("partitions");
+    let records: usize = arg(3).parse().expect("records");
+    let line = match arg(0).as_str() {
+        "raw" => raw(&topic, partitions, records, 0).await,
+        // Records carrying as many headers as a retried record: what the
+        // broker can take for republication.
+        "raw-headers" => raw(&topic, partitions, records, retry_core::header_names::ALL.len()).await,
+        "pipeline" => pipeline(&topic, partitions, records, arg(4).parse().expect("failure percent")).await,
+        "probe" => probe(&topic, partitions, records as i32).await,
+        other => panic!("unknown scenario {other}"),
+    };
+    println!("{line} peak_rss_kib={}", peak_rss_kib());
+}
+
+fn topology(topic: &str) -> RetryTopology {
+    // One long rung: the benchmark measures the source topic's drain, and
+    // retried records are not due during it.
+    let schedule: RetrySchedule = "10m".parse().unwrap();
+    RetryTopology::new(topic, &schedule).unwrap()
+}
+
+fn connection() -> ConnectionConfig {
+    ConnectionConfig::new(&broker_addr(), "kafka-retry-bench").unwrap()
+}
+
+/// Creates the ladder's topics and fills the source: `records` records
+/// spread evenly over the partitions. Returns produce throughput.
+async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize) -> String {
+    TopicPlan::new(topology(topic), partitions).create(&connection(), true).await.expect("create topics");
+    let client = rskafka_client().await;
+    let value = vec![b'x'; VALUE_BYTES];
+    let started = Instant::now();
+    let per_partition = records / partitions as usize;
+    let mut tasks = Vec::new();
+    for p in 0..partitions {
+        let pc = client.partition_client(topic, p, UnknownTopicHandling::Retry).await.unwrap();
+        let value = value.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut sent = 0;
+            while sent < per_partition {
+                let n = PRODUCE_BATCH.min(per_partition - sent);
+                let batch: Vec<Record> = (sent..sent + n)
+                    .map(|i| Record {
+                        key: Some(format!("key-{p}-{i}").into_bytes()),
+                        value: Some(value.clone()),
+                        headers: (0..header_count)
+                            .map(|h| (format!("x-header-{h}"), b"1700000000000".to_vec()))
+                            .collect(),
+                        timestamp: Utc.timestamp_millis_opt(1_700_000_000_000).unwrap(),
+                    })
+                    .collect();
+                pc.produce(batch, Compression::NoCompression).await.unwrap();
+                sent += n;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let produce = started.elapsed();
+
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for p in 0..partitions {
+        let pc = client.partition_client(topic, p, UnknownTopicHandling::Retry).await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            let mut offset = 0;
+            let mut n = 0usize;
+            while n < per_partition {
+                let (records, _) = pc.fetch_records(offset, 1..1 << 20, 500).await.unwrap();
+                let from = offset;
+                for r in records.into_iter().filter(|r| r.offset >= from) {
+                    offset = r.offset + 1;
+                    n += 1;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let fetch = started.elapsed();
+    let total = per_partition * partitions as usize;
+    format!("produce_per_s={:.0} fetch_per_s={:.0}", rate(total, produce), rate(total, fetch))
+}
+
+/// Succeeds, except for `failure_percent` of the source topic's records,
+/// which fail transiently (and go to the retry rung).
+struct Bench {
+    failure_percent: u64,
+    handled: AtomicU64,
+}
+
+impl RecordHandler for Bench {
+    async fn handle(&self, record: ConsumedRecord) -> Result<(), HandlerError> {
+        let n = self.handled.fetch_add(1, Relaxed);
+        if record.attempt == 1 && (n * 7919) % 100 < self.failure_percent {
+            return Err(HandlerError::transient("benchmark failure"));
+        }
+        Ok(())
+    }
+}
+
+async fn pipeline(topic: &str, partitions: i32, records: usize, failure_percent: u64) -> String {
+    let connection = connection();
+    let group = format!("{topic}-bench-{failure_percent}");
+    let policy = RetryPolicy::new(topology(topic), PolicyConfig::default());
+    let config = ListenerConfig::new(connection.clone(), &group, policy);
+    let handler = Arc::new(Bench { failure_percent, handled: AtomicU64::new(0) });
+    let started = Instant::now();
+    let listener = Listener::start(config, handler.clone()).await.expect("listener");
+    // Drained: the source group committed every record.
+    let tps: Vec<(String, i32)> = (0..partitions).map(|p| (topic.to_owned(), p)).collect();
+    let mut offsets = GroupOffsets::new(connection, &group);
+    let per_partition = (records / partitions as usize) as i64;
+    loop {
+        match offsets.committed(&tps).await {
+            Ok(committed) if committed.values().all(|o| *o == Some(per_partition)) => break,
+            Ok(_) => {}
+            // A busy broker may answer late; the drain goes on meanwhile.
+            Err(e) => eprintln!("reading committed offsets: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    let total = per_partition as usize * partitions as usize;
+    format!(
+        "drain_per_s={:.0} handled={} retried={} publish_failures={}",
+        rate(total, elapsed),
+        handler.handled.load(Relaxed),
+        stats.retried,
+        stats.publish_failures
+    )
+}
+
+/// One fetch of partition `partition` from offset 0 with `max_bytes`: how
+/// many records come back and how long it takes.
+async fn probe(topic: &str, partition: i32, max_bytes: i32) -> String {
+    let client = rskafka_client().await;
+    let pc = client.partition_client(topic, partition, UnknownTopicHandling::Retry).await.unwrap();
+    let started = Instant::now();
+    let (records, high_watermark) = pc.fetch_records(0, 1..max_bytes, 500).await.unwrap();
+    let first = started.elapsed();
+    let started = Instant::now();
+    let (empty, _) = pc.fetch_records(high_watermark, 1..max_bytes, 500).await.unwrap();
+    format!(
+        "records={} high_watermark={high_watermark} fetch_ms={} empty_fetch_ms={} empty={}",
+        records.len(),
+        first.as_millis(),
+        started.elapsed().as_millis(),
+        empty.len()
+    )
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+/// The process's peak resident set (VmHWM), in KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
