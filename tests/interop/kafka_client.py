@@ -77,6 +77,9 @@ def parse_args():
     produce.add_argument(
         "--header", action="append", default=[], type=parse_header, metavar="NAME=VALUE", help="repeatable"
     )
+    produce.add_argument(
+        "--null-header", action="append", default=[], metavar="NAME", help="a header whose value is null; repeatable"
+    )
     produce.set_defaults(command=cmd_produce)
 
     return parser.parse_args()
@@ -202,7 +205,7 @@ def cmd_produce(args):
         key=args.key.encode(),
         value=args.value.encode(),
         partition=args.partition,
-        headers=args.header,
+        headers=args.header + [(name, None) for name in args.null_header],
         on_delivery=on_delivery,
     )
     # flush() gives up at its timeout; message.timeout.ms makes delivery fail before that.

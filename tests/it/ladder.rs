@@ -169,3 +169,31 @@ async fn a_slow_handler_times_out_as_a_transient_failure() {
     let retried = wait_for_records(ladder.retry(0), 1).await;
     assert_eq!(header(&retried[0], "x-error"), "handler timed out after 300ms");
 }
+
+#[tokio::test]
+async fn a_record_rskafka_cannot_decode_does_not_wedge_the_partition() {
+    use integration::{broker_addr, kafka_client};
+    let ladder = Ladder::create("null-header", "100ms", 1).await;
+    // A null header value is legal Kafka, but rskafka fails the whole fetch on it.
+    let brokers = broker_addr();
+    let produce = ["produce", "--brokers", &brokers, "--topic", ladder.source(), "--partition", "0"];
+    let with_null = ["--key", "odd", "--value", "v1", "--header", "trace=abc", "--null-header", "empty"];
+    kafka_client(&[&produce[..], &with_null[..]].concat()).await;
+    kafka_client(&[&produce[..], &["--key", "plain", "--value", "v2"][..]].concat()).await;
+
+    let handler = Scripted::new(&[("odd", &[Step::Transient])]);
+    let listener = Listener::start(ladder.config(), handler.clone()).await.unwrap();
+    eventually("both records", SETTLE, || async {
+        (handler.attempts("odd") == [1, 2] && handler.attempts("plain") == [1]).then_some(())
+    })
+    .await;
+    wait_committed(&ladder, &[Some(2), Some(1)]).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    assert!(stats.fallback_fetches >= 1, "{stats:?}");
+    assert_eq!(stats.null_headers_dropped, 1, "{stats:?}");
+    // The retry copy keeps the producer's other headers; the null one is gone.
+    let retried = wait_for_records(ladder.retry(0), 1).await;
+    assert_eq!(header(&retried[0], "trace"), "abc");
+    assert_eq!(header(&retried[0], "empty"), "<absent>");
+}

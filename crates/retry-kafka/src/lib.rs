@@ -43,6 +43,7 @@
 mod assignor;
 mod commit;
 mod error;
+mod fallback;
 mod group;
 mod handler;
 mod listener;

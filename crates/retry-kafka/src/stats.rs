@@ -14,6 +14,8 @@ pub struct ListenerStats {
     pub(crate) rebalances: AtomicU64,
     pub(crate) offset_resets: AtomicU64,
     pub(crate) fetch_failures: AtomicU64,
+    pub(crate) fallback_fetches: AtomicU64,
+    pub(crate) null_headers_dropped: AtomicU64,
 }
 
 /// A copy of [`ListenerStats`] at one moment.
@@ -41,6 +43,10 @@ pub struct StatsSnapshot {
     pub offset_resets: u64,
     /// Failed fetches (each retried with backoff).
     pub fetch_failures: u64,
+    /// Batches rskafka could not decode, read through the fallback decoder.
+    pub fallback_fetches: u64,
+    /// Records whose null header values were dropped.
+    pub null_headers_dropped: u64,
 }
 
 impl ListenerStats {
@@ -58,6 +64,8 @@ impl ListenerStats {
             rebalances: self.rebalances.load(Relaxed),
             offset_resets: self.offset_resets.load(Relaxed),
             fetch_failures: self.fetch_failures.load(Relaxed),
+            fallback_fetches: self.fallback_fetches.load(Relaxed),
+            null_headers_dropped: self.null_headers_dropped.load(Relaxed),
         }
     }
 }

@@ -39,6 +39,9 @@ fn highest_implemented(key: ApiKey) -> i16 {
         ApiKey::OffsetFetch => 7,
         ApiKey::CreateTopics => 7,
         ApiKey::Metadata => 12,
+        // v12+ are flexible versions, and some brokers put tagged fields in
+        // their responses that decoders reject; v11 has everything we read.
+        ApiKey::Fetch => 11,
         ApiKey::DescribeConfigs => 4,
         _ => 0,
     }
@@ -65,6 +68,7 @@ fn api_key_name(key: ApiKey) -> &'static str {
         ApiKey::CreateTopics => "CreateTopics",
         ApiKey::Metadata => "Metadata",
         ApiKey::DescribeConfigs => "DescribeConfigs",
+        ApiKey::Fetch => "Fetch",
         _ => "a Kafka request",
     }
 }

@@ -3,8 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use bytes::Bytes;
-use retry_core::{Decision, HandlerError, Headers, RecordMeta, Stage, Timestamp};
+use retry_core::{Decision, HandlerError, RecordMeta, Stage, Timestamp};
 use rskafka::client::{
     error::{Error as ClientError, ProtocolError},
     partition::{OffsetAt, PartitionClient, UnknownTopicHandling},
@@ -14,6 +13,7 @@ use tracing::Instrument;
 
 use crate::{
     commit::CommitTracker,
+    fallback::{fetch_decoded, is_undecodable, Fetched},
     listener::{OffsetReset, Shared},
     publisher::Outgoing,
     stats::bump,
@@ -100,11 +100,7 @@ impl<H: RecordHandler> Worker<H> {
         let mut idle = Duration::ZERO;
         loop {
             let max_wait = i32::try_from(self.shared.config.fetch_max_wait.as_millis()).unwrap_or(i32::MAX);
-            let max_bytes = match self.stage.rung() {
-                None => self.shared.config.fetch_max_bytes,
-                Some(_) => self.shared.config.retry_fetch_max_bytes,
-            };
-            let fetch = client.fetch_records(offset, 1..max_bytes, max_wait);
+            let fetch = client.fetch_records(offset, 1..self.max_fetch_bytes(), max_wait);
             let fetched_at = tokio::time::Instant::now();
             let result = tokio::select! {
                 _ = self.signals.stop.cancelled() => return,
@@ -123,38 +119,8 @@ impl<H: RecordHandler> Worker<H> {
                         continue;
                     }
                     idle = Duration::ZERO;
-                    // Republications of this batch are sent together, one
-                    // request per target partition; the batch's offsets are
-                    // reported done only once they are all acknowledged.
-                    let mut outbox = Outbox::default();
-                    for r in records {
-                        if r.offset < offset {
-                            continue; // the batch began before our position
-                        }
-                        if self.signals.stop.is_cancelled() {
-                            break;
-                        }
-                        let span = tracing::info_span!(
-                            "record",
-                            %topic,
-                            partition,
-                            offset = r.offset,
-                            attempt = self.attempt(),
-                        );
-                        match self.process(r.offset, r.record, &mut outbox).instrument(span).await {
-                            Processed::Done => {
-                                offset = r.offset + 1;
-                                if outbox.is_empty() {
-                                    self.tracker.done(&self.tp, offset);
-                                }
-                            }
-                            Processed::Abandoned => return,
-                        }
-                        if outbox.records.len() >= MAX_OUTBOX && !self.flush(&mut outbox, offset).await {
-                            return;
-                        }
-                    }
-                    if !self.flush(&mut outbox, offset).await || self.signals.stop.is_cancelled() {
+                    let records = records.into_iter().map(Fetched::from).collect();
+                    if !self.process_batch(records, &mut offset).await {
                         return;
                     }
                 }
@@ -167,6 +133,35 @@ impl<H: RecordHandler> Worker<H> {
                         None => return,
                     }
                 }
+                Err(e) if is_undecodable(&e) => {
+                    // rskafka cannot decode this batch (e.g. a null header
+                    // value): read it ourselves rather than stall forever.
+                    let max_bytes = self.max_fetch_bytes();
+                    let fetch = fetch_decoded(&self.shared.config.connection, &topic, partition, offset, max_bytes);
+                    let fallback = tokio::select! {
+                        _ = self.signals.stop.cancelled() => return,
+                        result = fetch => result,
+                    };
+                    match fallback {
+                        Ok(records) if !records.is_empty() => {
+                            bump(&self.shared.stats.fallback_fetches);
+                            tracing::warn!(%topic, partition, offset, rskafka_error = %e, records = records.len(), "decoded a batch rskafka could not");
+                            if !self.process_batch(records, &mut offset).await {
+                                return;
+                            }
+                        }
+                        other => {
+                            bump(&self.shared.stats.fetch_failures);
+                            let fallback_error =
+                                other.err().map(|e| e.to_string()).unwrap_or_else(|| "no records".into());
+                            tracing::error!(%topic, partition, offset, error = %e, %fallback_error, "undecodable batch; retrying");
+                            if self.pause(backoff).await {
+                                return;
+                            }
+                            backoff = (backoff * 2).min(Duration::from_secs(5));
+                        }
+                    }
+                }
                 Err(e) => {
                     bump(&self.shared.stats.fetch_failures);
                     tracing::warn!(%topic, partition, offset, error = %e, "fetch failed; retrying");
@@ -176,6 +171,46 @@ impl<H: RecordHandler> Worker<H> {
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
             }
+        }
+    }
+
+    /// Handles a fetched batch in order. Its republications are sent
+    /// together, one request per target partition, and its offsets are
+    /// reported done only once they are all acknowledged. False when the
+    /// worker must stop.
+    async fn process_batch(&self, records: Vec<Fetched>, offset: &mut i64) -> bool {
+        let (topic, partition) = &self.tp;
+        let mut outbox = Outbox::default();
+        for r in records {
+            if r.offset < *offset {
+                continue; // the batch began before our position
+            }
+            if self.signals.stop.is_cancelled() {
+                break;
+            }
+            let span = tracing::info_span!("record", %topic, partition, offset = r.offset, attempt = self.attempt());
+            let next = r.offset + 1;
+            match self.process(r, &mut outbox).instrument(span).await {
+                Processed::Done => {
+                    *offset = next;
+                    if outbox.is_empty() {
+                        self.tracker.done(&self.tp, next);
+                    }
+                }
+                Processed::Abandoned => return false,
+            }
+            if outbox.records.len() >= MAX_OUTBOX && !self.flush(&mut outbox, *offset).await {
+                return false;
+            }
+        }
+        self.flush(&mut outbox, *offset).await && !self.signals.stop.is_cancelled()
+    }
+
+    /// How much one fetch may bring: less on retry rungs, which mostly wait.
+    fn max_fetch_bytes(&self) -> i32 {
+        match self.stage.rung() {
+            None => self.shared.config.fetch_max_bytes,
+            Some(_) => self.shared.config.retry_fetch_max_bytes,
         }
     }
 
@@ -220,13 +255,15 @@ impl<H: RecordHandler> Worker<H> {
         }
     }
 
-    async fn process(&self, offset: i64, record: rskafka::record::Record, outbox: &mut Outbox) -> Processed {
+    async fn process(&self, record: Fetched, outbox: &mut Outbox) -> Processed {
         let (topic, partition) = &self.tp;
         let shared = &self.shared;
         let policy = &shared.config.policy;
-        let headers: Headers = record.headers.into();
-        let millis = record.timestamp.timestamp_millis();
-        let timestamp = (millis >= 0).then(|| Timestamp::from_millis(millis));
+        let Fetched { offset, key, value, headers, timestamp, null_headers } = record;
+        if !null_headers.is_empty() {
+            bump(&shared.stats.null_headers_dropped);
+            tracing::warn!(?null_headers, "dropping header values that are null: records here carry none");
+        }
         let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers: &headers };
 
         // Retry rungs wait until the record is due; stopping ends the wait
@@ -243,8 +280,6 @@ impl<H: RecordHandler> Worker<H> {
             }
         }
 
-        let key = record.key.map(Bytes::from);
-        let value = record.value.map(Bytes::from);
         let consumed = ConsumedRecord {
             topic: topic.clone(),
             partition: *partition,

@@ -1,0 +1,162 @@
+//! Reading a batch that rskafka cannot decode.
+//!
+//! rskafka fails a whole fetch on a record it cannot represent, e.g. a
+//! header whose value is null (legal in Kafka). Left alone, that wedges the
+//! partition forever. When that happens the worker fetches the same offsets
+//! here, through `kafka-protocol`, which decodes them, and hands the records
+//! on like any other. What our records cannot carry is said out loud: a
+//! null header value is dropped (with a warning and a counter), as rskafka
+//! cannot write one either.
+
+use bytes::Bytes;
+use kafka_protocol::{
+    messages::{
+        fetch_request::{FetchPartition, FetchTopic},
+        metadata_request::MetadataRequestTopic,
+        BrokerId, FetchRequest, MetadataRequest, TopicName,
+    },
+    records::RecordBatchDecoder,
+};
+use retry_core::{Headers, Timestamp};
+use rskafka::record::RecordAndOffset;
+
+use crate::{
+    wire::{check, str_bytes, Connection},
+    ConnectionConfig, Error, Result,
+};
+
+/// A fetched record, however it was decoded.
+#[derive(Debug, Clone)]
+pub(crate) struct Fetched {
+    pub(crate) offset: i64,
+    pub(crate) key: Option<Bytes>,
+    pub(crate) value: Option<Bytes>,
+    pub(crate) headers: Headers,
+    pub(crate) timestamp: Option<Timestamp>,
+    /// Names of headers whose value was null, and so were dropped.
+    pub(crate) null_headers: Vec<String>,
+}
+
+impl From<RecordAndOffset> for Fetched {
+    fn from(r: RecordAndOffset) -> Self {
+        let millis = r.record.timestamp.timestamp_millis();
+        Fetched {
+            offset: r.offset,
+            key: r.record.key.map(Bytes::from),
+            value: r.record.value.map(Bytes::from),
+            headers: r.record.headers.into(),
+            timestamp: (millis >= 0).then(|| Timestamp::from_millis(millis)),
+            null_headers: Vec::new(),
+        }
+    }
+}
+
+/// Whether an rskafka fetch error means "the records could not be decoded"
+/// rather than "the broker or the network failed".
+pub(crate) fn is_undecodable(e: &rskafka::client::error::Error) -> bool {
+    use rskafka::client::error::{Error as E, RequestError as R};
+    matches!(e, E::InvalidResponse(_) | E::Request(R::ReadError(_) | R::ReadVersionedError(_)))
+}
+
+/// Fetches `topic`/`partition` from `offset` from the partition's leader and
+/// decodes what comes back; records before `offset` (the start of a batch)
+/// and control records are skipped.
+pub(crate) async fn fetch_decoded(
+    config: &ConnectionConfig,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    max_bytes: i32,
+) -> Result<Vec<Fetched>> {
+    let leader = leader_of(config, topic, partition).await?;
+    let mut conn = Connection::connect(&leader, &config.client_id, config.request_timeout).await?;
+    let request = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(1)
+        .with_max_bytes(max_bytes)
+        .with_isolation_level(0)
+        .with_session_epoch(-1)
+        .with_topics(vec![FetchTopic::default().with_topic(TopicName(str_bytes(topic))).with_partitions(vec![
+            FetchPartition::default()
+                .with_partition(partition)
+                .with_current_leader_epoch(-1)
+                .with_fetch_offset(offset)
+                .with_last_fetched_epoch(-1)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(max_bytes),
+        ])]);
+    let (response, version) = conn.send(&request).await?;
+    if version >= 7 {
+        check("Fetch", || format!("{topic}/{partition}"), response.error_code)?;
+    }
+    let data =
+        response.responses.iter().flat_map(|t| &t.partitions).find(|p| p.partition_index == partition).ok_or_else(
+            || Error::Protocol {
+                addr: leader.clone(),
+                api: "Fetch",
+                reason: format!("no data for {topic}/{partition} in the response"),
+            },
+        )?;
+    check("Fetch", || format!("{topic}/{partition}"), data.error_code)?;
+    let mut bytes = data.records.clone().unwrap_or_default();
+    let mut out = Vec::new();
+    // A fetch may end in a partial batch; what decoded before it counts.
+    while !bytes.is_empty() {
+        let set = match RecordBatchDecoder::decode(&mut bytes) {
+            Ok(set) => set,
+            Err(e) if out.is_empty() => {
+                return Err(Error::Protocol {
+                    addr: leader,
+                    api: "Fetch",
+                    reason: format!("cannot decode the record batch at {topic}/{partition}@{offset}: {e}"),
+                })
+            }
+            Err(_) => break,
+        };
+        for r in set.records {
+            if r.control || r.offset < offset {
+                continue;
+            }
+            let mut headers = Headers::new();
+            let mut null_headers = Vec::new();
+            for (name, value) in r.headers {
+                match value {
+                    Some(v) => headers.insert(name.to_string(), v.to_vec()),
+                    None => null_headers.push(name.to_string()),
+                }
+            }
+            out.push(Fetched {
+                offset: r.offset,
+                key: r.key,
+                value: r.value,
+                headers,
+                timestamp: (r.timestamp >= 0).then(|| Timestamp::from_millis(r.timestamp)),
+                null_headers,
+            });
+        }
+    }
+    Ok(out)
+}
+
+async fn leader_of(config: &ConnectionConfig, topic: &str, partition: i32) -> Result<String> {
+    let addr = config.bootstrap.first().expect("bootstrap brokers are never empty");
+    let mut conn = Connection::connect(addr, &config.client_id, config.request_timeout).await?;
+    let request = MetadataRequest::default()
+        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(TopicName(str_bytes(topic))))]))
+        .with_allow_auto_topic_creation(false);
+    let (response, _) = conn.send(&request).await?;
+    let leader = response
+        .topics
+        .iter()
+        .filter(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
+        .flat_map(|t| &t.partitions)
+        .find(|p| p.partition_index == partition)
+        .map(|p| p.leader_id);
+    let broker = leader.and_then(|id| response.brokers.iter().find(|b| b.node_id == id));
+    broker.map(|b| format!("{}:{}", b.host, b.port)).ok_or_else(|| Error::Protocol {
+        addr: addr.clone(),
+        api: "Metadata",
+        reason: format!("no leader known for {topic}/{partition}"),
+    })
+}
