@@ -78,6 +78,9 @@ def parse_args():
         "--header", action="append", default=[], type=parse_header, metavar="NAME=VALUE", help="repeatable"
     )
     produce.add_argument(
+        "--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"], help="batch compression"
+    )
+    produce.add_argument(
         "--null-header", action="append", default=[], metavar="NAME", help="a header whose value is null; repeatable"
     )
     produce.set_defaults(command=cmd_produce)
@@ -191,6 +194,7 @@ def cmd_produce(args):
         {
             **common_config(args.brokers),
             "acks": "all",
+            "compression.type": args.compression,
             # Bounds the delivery attempt, unknown-topic waits included.
             "message.timeout.ms": int(REQUEST_TIMEOUT_S * 1000),
         }

@@ -9,13 +9,15 @@
 //! cannot write one either.
 
 use bytes::Bytes;
+// kafka-protocol's decompressor hook returns anyhow::Result; nothing else here uses anyhow.
 use kafka_protocol::{
+    compression::{self, Decompressor},
     messages::{
         fetch_request::{FetchPartition, FetchTopic},
         metadata_request::MetadataRequestTopic,
         BrokerId, FetchRequest, MetadataRequest, TopicName,
     },
-    records::RecordBatchDecoder,
+    records::{Compression, RecordBatchDecoder},
 };
 use retry_core::{Headers, Timestamp};
 use rskafka::record::RecordAndOffset;
@@ -103,7 +105,7 @@ pub(crate) async fn fetch_decoded(
     let mut out = Vec::new();
     // A fetch may end in a partial batch; what decoded before it counts.
     while !bytes.is_empty() {
-        let set = match RecordBatchDecoder::decode(&mut bytes) {
+        let set = match RecordBatchDecoder::decode_with_custom_compression(&mut bytes, Some(decompress)) {
             Ok(set) => set,
             Err(e) if out.is_empty() => {
                 return Err(Error::Protocol {
@@ -137,6 +139,28 @@ pub(crate) async fn fetch_decoded(
         }
     }
     Ok(out)
+}
+
+/// Decompresses a batch: gzip and snappy through kafka-protocol, lz4 and
+/// zstd through pure-Rust decoders (the crates' own use C libraries).
+fn decompress(buf: &mut Bytes, compression: Compression) -> anyhow::Result<Bytes> {
+    use std::io::Read;
+    let copy = |b: &mut Bytes| -> anyhow::Result<Bytes> { Ok(b.split_to(b.len())) };
+    let mut out = Vec::new();
+    match compression {
+        Compression::None => return copy(buf),
+        Compression::Gzip => return compression::Gzip::decompress(buf, copy),
+        Compression::Snappy => return compression::Snappy::decompress(buf, copy),
+        Compression::Lz4 => {
+            lz4_flex::frame::FrameDecoder::new(buf.as_ref()).read_to_end(&mut out)?;
+        }
+        Compression::Zstd => {
+            let mut decoder =
+                ruzstd::decoding::StreamingDecoder::new(buf.as_ref()).map_err(|e| anyhow::anyhow!("zstd: {e}"))?;
+            decoder.read_to_end(&mut out)?;
+        }
+    }
+    Ok(Bytes::from(out))
 }
 
 async fn leader_of(config: &ConnectionConfig, topic: &str, partition: i32) -> Result<String> {
