@@ -6,3 +6,4 @@ mod group;
 mod interop;
 mod ladder;
 mod support;
+mod topics;

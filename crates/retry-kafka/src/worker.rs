@@ -107,6 +107,18 @@ impl<H: RecordHandler> Worker<H> {
                 result = fetch => result,
             };
             match result {
+                Ok((records, high_watermark)) if records.is_empty() && offset > high_watermark => {
+                    // Past the end: brokers that answer this with empty fetches
+                    // instead of OFFSET_OUT_OF_RANGE would park us here forever.
+                    let why = format!("offset {offset} is past the end of the partition ({high_watermark})");
+                    match self.reset_position(&client, &why).await {
+                        Some(new) => {
+                            bump(&self.shared.stats.offset_resets);
+                            offset = new;
+                        }
+                        None => return,
+                    }
+                }
                 Ok((records, _high_watermark)) => {
                     backoff = Duration::from_millis(100);
                     if records.is_empty() {
