@@ -15,7 +15,7 @@ use std::{
 use anyhow::{bail, Context};
 
 use crate::{
-    paths::{cache_dir, cargo, state_dir, workspace_root},
+    paths::{state_dir, workspace_root},
     process,
 };
 
@@ -270,35 +270,12 @@ impl Broker {
 
 /// The tansu binary, installed into the cache on first use.
 fn install_tansu() -> anyhow::Result<PathBuf> {
-    let dir = cache_dir().join(format!("tansu-{TANSU_VERSION}"));
-    let bin = dir.join("bin").join("tansu");
-    if bin.is_file() {
-        return Ok(bin);
-    }
-    let partial = cache_dir().join(format!("tansu-{TANSU_VERSION}.partial-{}", std::process::id()));
-    let target = cache_dir().join(format!("tansu-{TANSU_VERSION}.target"));
-    eprintln!(
-        "installing tansu {TANSU_VERSION} into {} (once per machine; about 12 minutes on 2 cores)",
-        dir.display()
-    );
-    process::run(
-        Command::new(cargo())
-            .args(["install", "tansu", "--version", TANSU_VERSION, "--locked", "--no-default-features"])
-            .args(["--features", "libsql", "--root"])
-            .arg(&partial)
-            .env("CARGO_TARGET_DIR", &target)
-            // Not our workspace's toolchain file or config: a plain install.
-            .current_dir(cache_dir_created()?),
-    )?;
-    fs::rename(&partial, &dir).with_context(|| format!("cannot move {} to {}", partial.display(), dir.display()))?;
-    let _ = fs::remove_dir_all(&target);
-    Ok(bin)
-}
-
-fn cache_dir_created() -> anyhow::Result<PathBuf> {
-    let dir = cache_dir();
-    fs::create_dir_all(&dir).with_context(|| format!("cannot create the cache {}", dir.display()))?;
-    Ok(dir)
+    crate::paths::cargo_install_cached(
+        "tansu",
+        TANSU_VERSION,
+        &["--no-default-features", "--features", "libsql"],
+        "about 12 minutes on 2 cores",
+    )
 }
 
 fn free_port() -> anyhow::Result<u16> {

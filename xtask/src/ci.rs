@@ -65,12 +65,23 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     run(cargo_in_root().args(["fmt", "--all", "--check"]))?;
     run(cargo_in_root().args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]))?;
     tidy_dependencies()?;
+    let deny = crate::paths::cargo_install_cached(
+        "cargo-deny",
+        CARGO_DENY_VERSION,
+        &["--no-default-features"],
+        "about 8 minutes on 2 cores",
+    )?;
+    // Advisories need the advisory database from the network: not checked here.
+    run(Command::new(deny).current_dir(&root).args(["check", "bans", "licenses", "sources"]))?;
     run(cargo_in_root().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
     run(cargo_in_root().args(["test", "--workspace"]))?;
     integration(&[])?;
     eprintln!("ci: all checks passed");
     Ok(())
 }
+
+/// The cargo-deny release CI uses; its cache entry is keyed by it.
+const CARGO_DENY_VERSION: &str = "0.20.2";
 
 /// Crates that must stay pure Rust: no C Kafka client, no OpenSSL, no `-sys`
 /// crate (C libraries make builds slow and deployments fragile).

@@ -107,16 +107,19 @@ impl GroupClient {
         format!("group {}", self.group_id)
     }
 
-    /// Joins (or rejoins) the group, subscribed to `topics`. Handles the
-    /// broker's MEMBER_ID_REQUIRED round trip.
+    /// Joins (or rejoins) the group, subscribed to `topics`, as `member_id`
+    /// ("" for a new member). Handles the broker's MEMBER_ID_REQUIRED round
+    /// trip. `member_id` takes the id the coordinator gives us as soon as it
+    /// gives it, even if a later step fails: rejoining under a fresh id
+    /// would leave the old one behind as a member that never syncs, which
+    /// the group waits for until its session times out.
     pub(crate) async fn join(
         &mut self,
-        member_id: &str,
+        member_id: &mut String,
         topics: &[String],
         session_timeout: Duration,
         rebalance_timeout: Duration,
     ) -> Result<Joined> {
-        let mut member_id = member_id.to_owned();
         let protocol = JoinGroupRequestProtocol::default()
             .with_name(str_bytes(assignor::RANGE))
             .with_metadata(assignor::encode_subscription(topics));
@@ -125,7 +128,7 @@ impl GroupClient {
                 .with_group_id(GroupId(str_bytes(&self.group_id)))
                 .with_session_timeout_ms(millis(session_timeout))
                 .with_rebalance_timeout_ms(millis(rebalance_timeout))
-                .with_member_id(str_bytes(&member_id))
+                .with_member_id(str_bytes(member_id))
                 .with_protocol_type(str_bytes("consumer"))
                 .with_protocols(vec![protocol.clone()]);
             // The coordinator holds JoinGroup until every member rejoined.
@@ -134,7 +137,7 @@ impl GroupClient {
             let (response, _) = self.observe(result)?;
             match ResponseError::try_from_code(response.error_code) {
                 Some(ResponseError::MemberIdRequired) => {
-                    member_id = response.member_id.to_string();
+                    *member_id = response.member_id.to_string();
                     continue;
                 }
                 Some(error) => {
@@ -152,13 +155,31 @@ impl GroupClient {
                 })?;
                 members.insert(member.member_id.to_string(), topics);
             }
-            return Ok(Joined {
+            *member_id = response.member_id.to_string();
+            let joined = Joined {
                 generation_id: response.generation_id,
-                member_id: response.member_id.to_string(),
+                member_id: member_id.clone(),
                 leader_id: response.leader.to_string(),
                 protocol: response.protocol_name.map(|p| p.to_string()).unwrap_or_else(|| assignor::RANGE.to_owned()),
                 members,
-            });
+            };
+            // A leader that does not see its own subscription cannot assign
+            // (it would hand out nothing, itself included): a broken answer,
+            // not a generation to run.
+            if joined.is_leader() && !joined.members.contains_key(&joined.member_id) {
+                return Err(Error::Protocol {
+                    addr: self.coordinator.as_ref().map(|c| c.addr().to_owned()).unwrap_or_default(),
+                    api: "JoinGroup",
+                    reason: format!(
+                        "group {} named us ({}) leader of generation {} without our subscription among its {} member(s)",
+                        self.group_id,
+                        joined.member_id,
+                        joined.generation_id,
+                        joined.members.len()
+                    ),
+                });
+            }
+            return Ok(joined);
         }
         Err(Error::Protocol {
             addr: String::new(),

@@ -2,6 +2,12 @@
 //! assigned partition for as long as the generation lasts. Heartbeats run
 //! here, apart from record processing, so a slow handler or a retry rung
 //! waiting for its due time never costs the group its member.
+//!
+//! The member also checks the coordinator's answers against what the
+//! classic protocol promises (see [`Expectation`]): a coordinator that
+//! completes a generation without its leader's assignment, or announces a
+//! rebalance and never starts one, costs a rejoin, not partitions that
+//! nobody consumes after a member crashed.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -23,9 +29,75 @@ use crate::{
 /// Why a generation ended.
 enum End {
     Shutdown,
+    /// The coordinator ended it (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION).
+    Over,
+    /// We cannot go on in it (committed offsets unreadable).
     Rejoin,
+    /// The coordinator forgot us, or we lost it for a whole session.
     RejoinAsNewMember,
+    /// We joined it as a follower, were assigned nothing, and rejoin once
+    /// to confirm that it has a leader (see [`Expectation::FollowerIn`]).
+    Recheck,
 }
+
+/// What the next JoinGroup answer must show, given how the last generation
+/// ended. Apache Kafka always keeps these; a coordinator that breaks one
+/// holds a membership of ours that no rebalance will fix (a generation
+/// completed without a leader's assignment, or a rebalance announced and
+/// never started), and the way out is to leave and join as a new member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expectation {
+    /// Anything goes: a first join, or a rejoin after our own trouble.
+    Anything,
+    /// The coordinator said generation `n` is over: the rebalance it
+    /// announced must yield a newer one.
+    NewerThan(i32),
+    /// We rejoin generation `n`, in which we were a follower assigned
+    /// nothing. A follower's JoinGroup with unchanged metadata starts no
+    /// rebalance: the coordinator answers with the current generation and
+    /// its leader, who assigned it, so who is not us.
+    FollowerIn(i32),
+}
+
+impl Expectation {
+    /// Why a JoinGroup answer of `generation_id`, naming us leader or not,
+    /// breaks the expectation; `None` when it keeps it.
+    fn broken_by(self, generation_id: i32, leader: bool) -> Option<String> {
+        match self {
+            Expectation::NewerThan(n) if generation_id <= n => Some(format!(
+                "the coordinator ended generation {n} but answered our rejoin with generation {generation_id}"
+            )),
+            Expectation::FollowerIn(n) if generation_id == n && leader => Some(format!(
+                "the coordinator named us leader of generation {n}, which we joined as a follower: no leader assigned it"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// What one JoinGroup and SyncGroup round gave.
+enum Round {
+    Assigned {
+        generation_id: i32,
+        leader: bool,
+        partitions: Vec<i32>,
+    },
+    /// The coordinator broke an [`Expectation`]: why.
+    Stale(String),
+}
+
+/// The first pause after a round failed for our side of things (the
+/// coordinator unreachable, a malformed answer), doubling up to [`MAX_BACKOFF`].
+const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
+/// The longest pause between such rounds.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The pause before rejoining when the coordinator answered our SyncGroup
+/// with a rebalance signal (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION,
+/// UNKNOWN_MEMBER_ID): these are part of the protocol, so no backoff
+/// builds up. Kafka's coordinator holds JoinGroup until the group is
+/// ready; with one that answers at once, the pause keeps us from spinning.
+const REJOIN_PAUSE: Duration = Duration::from_millis(100);
 
 pub(crate) struct Member<H> {
     pub(crate) shared: Arc<Shared<H>>,
@@ -40,55 +112,101 @@ impl<H: RecordHandler> Member<H> {
         let config = &self.shared.config;
         let mut client = GroupClient::new(config.connection.clone(), &self.group_id);
         let mut member_id = String::new();
-        let mut backoff = Duration::from_millis(200);
+        let mut expectation = Expectation::Anything;
+        // The last generation re-checked: once per generation is enough.
+        let mut rechecked = None;
+        let mut backoff = INITIAL_BACKOFF;
         loop {
             if self.shutdown.is_cancelled() {
                 return;
             }
-            let generation = tokio::select! {
+            let round = tokio::select! {
                 _ = self.shutdown.cancelled() => return,
-                result = self.join(&mut client, &member_id) => result,
+                result = self.join(&mut client, &mut member_id, &mut expectation) => result,
             };
-            let (generation_id, assigned) = match generation {
-                Ok((joined_member, generation_id, assigned)) => {
-                    member_id = joined_member;
-                    backoff = Duration::from_millis(200);
-                    (generation_id, assigned)
+            let (generation_id, leader, assigned) = match round {
+                Ok(Round::Assigned { generation_id, leader, partitions }) => {
+                    backoff = INITIAL_BACKOFF;
+                    (generation_id, leader, partitions)
+                }
+                Ok(Round::Stale(why)) => {
+                    tracing::warn!(group = %self.group_id, member = %member_id, "{why}; leaving and joining as a new member");
+                    if let Err(e) = client.leave(&member_id).await {
+                        tracing::debug!(group = %self.group_id, error = %e, "leaving the stale membership failed");
+                    }
+                    member_id.clear();
+                    expectation = Expectation::Anything;
+                    continue;
                 }
                 Err(e) => {
-                    if matches!(e.broker_error(), Some(ResponseError::UnknownMemberId)) {
-                        member_id.clear();
-                    }
-                    tracing::warn!(group = %self.group_id, error = %e, "joining the group failed; retrying");
+                    let pause = match e.broker_error() {
+                        Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration) => {
+                            tracing::info!(group = %self.group_id, error = %e, "the rebalance moved on; rejoining");
+                            REJOIN_PAUSE
+                        }
+                        Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId) => {
+                            tracing::info!(group = %self.group_id, error = %e, "the coordinator forgot us; joining as a new member");
+                            member_id.clear();
+                            expectation = Expectation::Anything;
+                            REJOIN_PAUSE
+                        }
+                        _ => {
+                            tracing::warn!(group = %self.group_id, error = %e, "joining the group failed; retrying");
+                            let pause = backoff;
+                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                            pause
+                        }
+                    };
                     tokio::select! {
                         _ = self.shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(pause) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
             };
             bump(&self.shared.stats.rebalances);
-            tracing::info!(group = %self.group_id, generation_id, member = %member_id, partitions = ?assigned, "assignment received");
-            match self.run_generation(&mut client, generation_id, &member_id, assigned).await {
+            tracing::info!(group = %self.group_id, generation_id, member = %member_id, leader, partitions = ?assigned, "assignment received");
+            // A follower assigned nothing may be the last member of a
+            // group whose coordinator took its empty SyncGroup for the
+            // leader's: nobody would ever consume. Rejoining once settles it.
+            let recheck = !leader && assigned.is_empty() && rechecked != Some(generation_id);
+            if recheck {
+                rechecked = Some(generation_id);
+            }
+            match self.run_generation(&mut client, generation_id, &member_id, assigned, recheck).await {
                 End::Shutdown => {
                     if let Err(e) = client.leave(&member_id).await {
                         tracing::warn!(group = %self.group_id, error = %e, "leaving the group failed; the coordinator will expire us");
                     }
                     return;
                 }
+                End::Over => expectation = Expectation::NewerThan(generation_id),
                 End::Rejoin => {}
                 End::RejoinAsNewMember => member_id.clear(),
+                End::Recheck => expectation = Expectation::FollowerIn(generation_id),
             }
         }
     }
 
-    /// JoinGroup then SyncGroup; the leader assigns with the range assignor.
-    async fn join(&self, client: &mut GroupClient, member_id: &str) -> crate::Result<(String, i32, Vec<i32>)> {
+    /// JoinGroup then SyncGroup; the leader assigns with the range
+    /// assignor. `member_id` keeps what the coordinator calls us, whatever
+    /// fails after it said so; `expectation` is checked against the
+    /// JoinGroup answer and then spent.
+    async fn join(
+        &self,
+        client: &mut GroupClient,
+        member_id: &mut String,
+        expectation: &mut Expectation,
+    ) -> crate::Result<Round> {
         let config = &self.shared.config;
         let topics = [self.topic.clone()];
         let joined = client.join(member_id, &topics, config.session_timeout, config.rebalance_timeout).await?;
-        let assignments = if joined.is_leader() {
+        let leader = joined.is_leader();
+        if let Some(why) = std::mem::replace(expectation, Expectation::Anything).broken_by(joined.generation_id, leader)
+        {
+            return Ok(Round::Stale(why));
+        }
+        let assignments = if leader {
             let counts = self.partition_counts(&joined.members).await?;
             assignor::assign_range(&joined.members, &counts)
         } else {
@@ -96,7 +214,7 @@ impl<H: RecordHandler> Member<H> {
         };
         let mine = client.sync(&joined, &assignments, config.rebalance_timeout).await?;
         let partitions = mine.get(&self.topic).cloned().unwrap_or_default();
-        Ok((joined.member_id, joined.generation_id, partitions))
+        Ok(Round::Assigned { generation_id: joined.generation_id, leader, partitions })
     }
 
     async fn partition_counts(&self, members: &BTreeMap<String, Vec<String>>) -> crate::Result<BTreeMap<String, i32>> {
@@ -120,6 +238,7 @@ impl<H: RecordHandler> Member<H> {
         generation_id: i32,
         member_id: &str,
         partitions: Vec<i32>,
+        recheck: bool,
     ) -> End {
         let config = &self.shared.config;
         let committer = Committer::start(
@@ -163,7 +282,7 @@ impl<H: RecordHandler> Member<H> {
         }
         let end = match end {
             Some(end) => end,
-            None => self.heartbeat(client, generation_id, member_id).await,
+            None => self.heartbeat(client, generation_id, member_id, recheck).await,
         };
 
         // Revoke: stop fetching and waiting at once, give records in flight
@@ -180,7 +299,11 @@ impl<H: RecordHandler> Member<H> {
         end
     }
 
-    async fn heartbeat(&self, client: &mut GroupClient, generation_id: i32, member_id: &str) -> End {
+    /// Heartbeats until the generation ends, whatever we were assigned
+    /// (nothing included: only heartbeats tell us of rebalances). With
+    /// `recheck`, ends it after the first heartbeat that got through, so the
+    /// rejoin finds our session fresh.
+    async fn heartbeat(&self, client: &mut GroupClient, generation_id: i32, member_id: &str, recheck: bool) -> End {
         let config = &self.shared.config;
         let mut last_ok = tokio::time::Instant::now();
         loop {
@@ -189,15 +312,19 @@ impl<H: RecordHandler> Member<H> {
                 _ = tokio::time::sleep(config.heartbeat_interval) => {}
             }
             match client.heartbeat(generation_id, member_id).await {
+                Ok(()) if recheck => {
+                    tracing::info!(group = %self.group_id, generation_id, "assigned nothing as a follower; rejoining once to confirm the generation has a leader");
+                    return End::Recheck;
+                }
                 Ok(()) => last_ok = tokio::time::Instant::now(),
                 Err(e) => match e.broker_error() {
                     Some(ResponseError::RebalanceInProgress) => {
                         tracing::info!(group = %self.group_id, "rebalance in progress; rejoining");
-                        return End::Rejoin;
+                        return End::Over;
                     }
                     Some(ResponseError::IllegalGeneration) => {
                         tracing::info!(group = %self.group_id, "generation is over; rejoining");
-                        return End::Rejoin;
+                        return End::Over;
                     }
                     Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId) => {
                         tracing::warn!(group = %self.group_id, "the coordinator forgot us; rejoining as a new member");
@@ -213,5 +340,39 @@ impl<H: RecordHandler> Member<H> {
                 },
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Expectation::{self, *};
+
+    /// Whether a JoinGroup answer (`generation`, naming us `leader` or not)
+    /// keeps `expectation`.
+    #[track_caller]
+    fn check(expectation: Expectation, generation: i32, leader: bool, kept: bool) {
+        let broken = expectation.broken_by(generation, leader);
+        assert_eq!(
+            broken.is_none(),
+            kept,
+            "{expectation:?} answered by generation {generation}, leader {leader}: {broken:?}"
+        );
+    }
+
+    #[test]
+    fn join_answers_against_expectations() {
+        check(Anything, 3, false, true);
+        check(Anything, 3, true, true);
+        // After REBALANCE_IN_PROGRESS or ILLEGAL_GENERATION from a heartbeat.
+        check(NewerThan(3), 4, false, true);
+        check(NewerThan(3), 4, true, true);
+        check(NewerThan(3), 3, false, false);
+        check(NewerThan(3), 3, true, false);
+        check(NewerThan(3), 2, false, false);
+        // Rechecking a generation in which we were a follower assigned nothing.
+        check(FollowerIn(3), 3, false, true);
+        check(FollowerIn(3), 4, true, true);
+        check(FollowerIn(3), 4, false, true);
+        check(FollowerIn(3), 3, true, false);
     }
 }
