@@ -8,7 +8,7 @@ use integration::{broker_addr, kafka_client};
 use retry_kafka::Listener;
 use serde_json::Value;
 
-use crate::support::{committed, eventually, produce, read_partition, Ladder, Scripted, Step, SETTLE};
+use crate::support::{committed, eventually, produce, read_partition, start_joined, Ladder, Scripted, Step, SETTLE};
 
 #[tokio::test]
 async fn a_restart_resumes_from_the_committed_offset() {
@@ -83,16 +83,8 @@ async fn a_restart_before_the_crashed_member_expired_redelivers_too() {
 async fn two_instances_share_partitions_and_one_takes_over_when_the_other_leaves() {
     let ladder = Ladder::create("share", "100ms", 4).await;
     let (a, b) = (Scripted::new(&[]), Scripted::new(&[]));
-    let listener_a = Listener::start(ladder.config(), a.clone()).await.unwrap();
-    eventually("a to join both groups", SETTLE, || async {
-        (listener_a.stats().snapshot().rebalances >= 2).then_some(())
-    })
-    .await;
-    let listener_b = Listener::start(ladder.config(), b.clone()).await.unwrap();
-    eventually("b to join both groups", SETTLE, || async {
-        (listener_b.stats().snapshot().rebalances >= 2).then_some(())
-    })
-    .await;
+    let listener_a = start_joined(&ladder, a.clone()).await;
+    let listener_b = start_joined(&ladder, b.clone()).await;
 
     for p in 0..4 {
         produce(ladder.source(), p, &format!("p{p}"), "v", &[]).await;
@@ -123,16 +115,8 @@ async fn two_instances_share_partitions_and_one_takes_over_when_the_other_leaves
 async fn a_crashed_instances_partitions_move_to_the_survivor() {
     let ladder = Ladder::create("survive", "100ms", 2).await;
     let (a, b) = (Scripted::new(&[]), Scripted::new(&[]));
-    let listener_a = Listener::start(ladder.config(), a.clone()).await.unwrap();
-    eventually("a to join both groups", SETTLE, || async {
-        (listener_a.stats().snapshot().rebalances >= 2).then_some(())
-    })
-    .await;
-    let listener_b = Listener::start(ladder.config(), b.clone()).await.unwrap();
-    eventually("b to join both groups", SETTLE, || async {
-        (listener_b.stats().snapshot().rebalances >= 2).then_some(())
-    })
-    .await;
+    let listener_a = start_joined(&ladder, a.clone()).await;
+    let listener_b = start_joined(&ladder, b.clone()).await;
     for p in 0..2 {
         produce(ladder.source(), p, &format!("p{p}"), "v", &[]).await;
     }

@@ -223,3 +223,16 @@ pub(crate) async fn committed(
     let got = within("committed offsets", offsets.committed(&tps)).await.unwrap();
     got.into_iter().map(|((_, p), o)| (p, o)).collect()
 }
+
+/// Starts a listener on `ladder` and waits until it joined every group of
+/// the ladder (one assignment each), so what a test produces next is
+/// consumed under a settled membership.
+pub(crate) async fn start_joined(ladder: &Ladder, handler: Arc<Scripted>) -> retry_kafka::Listener {
+    let listener = within("start", retry_kafka::Listener::start(ladder.config(), handler)).await.unwrap();
+    let groups = ladder.config().groups().len() as u64;
+    eventually("the listener to join its groups", SETTLE, || async {
+        (listener.stats().snapshot().rebalances >= groups).then_some(())
+    })
+    .await;
+    listener
+}
