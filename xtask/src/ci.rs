@@ -44,14 +44,26 @@ pub(crate) fn with_broker(work: impl FnOnce(&str) -> anyhow::Result<()>) -> anyh
     stopped.context("the work succeeded, but the broker did not stop")
 }
 
+/// The environment variable that tells the integration tests where the
+/// service binary they run end to end is.
+pub(crate) const BILLING_BIN_ENV: &str = "BILLING_BIN";
+
 fn run_integration_tests(addr: &str, test_args: &[String]) -> anyhow::Result<()> {
     let python = crate::python::interop_python()?;
+    let billing_bin = build_billing_bin()?;
     run(Command::new(cargo())
         .current_dir(workspace_root())
         .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
         .args(test_args)
         .env(BROKERS_ENV, addr)
+        .env(BILLING_BIN_ENV, billing_bin)
         .env(crate::python::PYTHON_ENV, python))
+}
+
+/// Builds the service binary (debug) and returns its path.
+pub(crate) fn build_billing_bin() -> anyhow::Result<std::path::PathBuf> {
+    run(Command::new(cargo()).current_dir(workspace_root()).args(["build", "--package", "billing-bin"]))?;
+    Ok(workspace_root().join("target").join("debug").join("billing-bin"))
 }
 
 /// Every check CI makes, cheapest first, so a formatting slip fails in seconds.

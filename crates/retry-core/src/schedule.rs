@@ -136,6 +136,19 @@ impl fmt::Display for RetrySchedule {
 
 const UNITS: [(&str, u64); 4] = [("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)];
 
+/// Parses one duration written like a schedule's delays: a whole number
+/// with a unit, `ms`, `s`, `m` or `h` (`1500ms`, `10s`, `5m`, `1h`), for
+/// other settings of a service that uses the schedule (timeouts, say).
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(retry_core::parse_duration("10s"), Ok(Duration::from_secs(10)));
+/// assert!(retry_core::parse_duration("10").is_err());
+/// ```
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    parse_delay(s.trim())
+}
+
 fn parse_delay(s: &str) -> Result<Duration, String> {
     if s.is_empty() {
         return Err("is empty (expected e.g. 5s, 30s, 5m, 1h or 1500ms)".into());

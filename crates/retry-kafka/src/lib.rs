@@ -60,7 +60,7 @@ use std::time::Duration;
 pub use error::{Error, Result};
 pub use group::TopicPartition;
 pub use handler::{ConsumedRecord, RecordHandler};
-pub use listener::{Listener, ListenerConfig, OffsetReset};
+pub use listener::{Listener, ListenerConfig, OffsetReset, Readiness};
 pub use offsets::GroupOffsets;
 pub use stats::{ListenerStats, StatsSnapshot};
 pub use topics::{Created, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec};

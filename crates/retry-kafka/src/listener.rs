@@ -135,6 +135,8 @@ pub(crate) struct Shared<H> {
     pub(crate) publisher: Publisher,
     pub(crate) handler: Arc<H>,
     pub(crate) stats: Arc<ListenerStats>,
+    /// How many group members received their first assignment.
+    pub(crate) members_joined: std::sync::atomic::AtomicUsize,
 }
 
 /// A running listener. Dropping it stops nothing: call
@@ -143,6 +145,25 @@ pub struct Listener {
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
     stats: Arc<ListenerStats>,
+    ready: Readiness,
+}
+
+/// Whether a listener takes part in all its groups yet; cheap to clone, so a
+/// health endpoint can hold one.
+#[derive(Clone)]
+pub struct Readiness(Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl Readiness {
+    /// True once every group member has received its first assignment.
+    pub fn is_ready(&self) -> bool {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Readiness").field(&self.is_ready()).finish()
+    }
 }
 
 impl Listener {
@@ -159,16 +180,34 @@ impl Listener {
             client,
             handler,
             stats: stats.clone(),
+            members_joined: Default::default(),
             config,
         });
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let groups = shared.config.groups();
+        let groups_len = groups.len();
         for ((stage, _), (topic, group_id)) in shared.config.policy.stages().zip(groups) {
             let member = Member { shared: shared.clone(), stage, topic, group_id, shutdown: shutdown.clone() };
             tasks.spawn(member.run());
         }
-        Ok(Listener { shutdown, tasks, stats })
+        let members = groups_len;
+        let ready = {
+            let shared = shared.clone();
+            Readiness(Arc::new(move || shared.members_joined.load(std::sync::atomic::Ordering::Relaxed) >= members))
+        };
+        Ok(Listener { shutdown, tasks, stats, ready })
+    }
+
+    /// Whether every group member has received its first assignment: the
+    /// topics were verified and the listener takes part in all its groups.
+    pub fn is_ready(&self) -> bool {
+        self.ready.is_ready()
+    }
+
+    /// A handle on [`is_ready`](Self::is_ready) that outlives borrows of the listener.
+    pub fn readiness(&self) -> Readiness {
+        self.ready.clone()
     }
 
     /// The listener's counters.

@@ -116,6 +116,7 @@ impl<H: RecordHandler> Member<H> {
         // The last generation re-checked: once per generation is enough.
         let mut rechecked = None;
         let mut backoff = INITIAL_BACKOFF;
+        let mut joined_once = false;
         loop {
             if self.shutdown.is_cancelled() {
                 return;
@@ -165,6 +166,10 @@ impl<H: RecordHandler> Member<H> {
                 }
             };
             bump(&self.shared.stats.rebalances);
+            if !joined_once {
+                joined_once = true;
+                self.shared.members_joined.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             tracing::info!(group = %self.group_id, generation_id, member = %member_id, leader, partitions = ?assigned, "assignment received");
             // A follower assigned nothing may be the last member of a
             // group whose coordinator took its empty SyncGroup for the

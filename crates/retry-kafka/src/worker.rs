@@ -200,7 +200,15 @@ impl<H: RecordHandler> Worker<H> {
             if self.signals.stop.is_cancelled() {
                 break;
             }
-            let span = tracing::info_span!("record", %topic, partition, offset = r.offset, attempt = self.attempt());
+            let key = r.key.as_deref().map(|k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
+            let span = tracing::info_span!(
+                "record",
+                %topic,
+                partition,
+                offset = r.offset,
+                key = key.as_deref().unwrap_or(""),
+                attempt = self.attempt()
+            );
             let next = r.offset + 1;
             match self.process(r, &mut outbox).instrument(span).await {
                 Processed::Done => {

@@ -1,0 +1,142 @@
+//! Flags and environment, validated into the settings the service runs with.
+
+use std::{net::SocketAddr, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use retry_core::RetrySchedule;
+use retry_kafka::ConnectionConfig;
+
+use crate::Failure;
+
+/// How long a single broker request may take, start-up included: an
+/// unreachable broker is reported after this, not waited on forever.
+const KAFKA_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Parser)]
+#[command(
+    name = "billing-bin",
+    version,
+    about = "Charges customers on OrderConfirmed events, with non-blocking retry topics"
+)]
+#[command(args_conflicts_with_subcommands = true)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) kafka: KafkaArgs,
+    #[command(subcommand)]
+    pub(crate) command: Option<Command>,
+    /// Settings of `run`, the default command.
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Consume, charge, retry (the default).
+    Run(RunArgs),
+    /// Create or check the topics of the retry ladder.
+    Topics {
+        #[command(subcommand)]
+        action: TopicsAction,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TopicsAction {
+    /// Create the source, retry and dead-letter topics (existing ones are kept).
+    Create(TopicArgs),
+    /// Check that every topic exists with enough partitions.
+    Verify,
+}
+
+/// Where Kafka is and what the ladder looks like; every command needs these.
+#[derive(Args, Clone)]
+pub(crate) struct KafkaArgs {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092", global = true)]
+    pub(crate) brokers: String,
+    /// The topic of OrderConfirmed events.
+    #[arg(long, env = "BILLING_TOPIC", default_value = "orders.confirmed", global = true)]
+    pub(crate) topic: String,
+    /// The retry ladder's delays, e.g. `5s,30s,5m` (units ms, s, m, h).
+    #[arg(long, env = "RETRY_SCHEDULE", default_value = "5s,30s,5m", value_parser = parse_schedule, global = true)]
+    pub(crate) retry_schedule: RetrySchedule,
+    /// `pretty` for people, `json` for log collectors.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty, global = true)]
+    pub(crate) log_format: LogFormat,
+}
+
+impl KafkaArgs {
+    pub(crate) fn connection(&self) -> Result<ConnectionConfig, Failure> {
+        let mut c = ConnectionConfig::new(&self.brokers, "billing-bin").map_err(|e| Failure::Config(e.to_string()))?;
+        c.request_timeout = KAFKA_REQUEST_TIMEOUT;
+        Ok(c)
+    }
+}
+
+/// Settings of the running service.
+#[derive(Args, Clone)]
+pub(crate) struct RunArgs {
+    /// The consumer group of the source topic; rung `n` uses `<group>.retry-<label>`.
+    #[arg(long, env = "BILLING_GROUP_ID", default_value = "billing-order-confirmed")]
+    pub(crate) group_id: String,
+    /// Base URL of the billing provider; charges go to `<url>/charges`. Required.
+    #[arg(long, env = "BILLING_PROVIDER_URL")]
+    pub(crate) provider_url: Option<String>,
+    /// How long one call to the provider may take; longer is a transient failure.
+    #[arg(long, env = "BILLING_PROVIDER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub(crate) provider_timeout: Duration,
+    /// Where /healthz and /readyz are served.
+    #[arg(long, env = "ADMIN_LISTEN", default_value = "127.0.0.1:8080")]
+    pub(crate) admin_listen: SocketAddr,
+}
+
+impl RunArgs {
+    pub(crate) fn provider(&self) -> Result<billing::ProviderConfig, Failure> {
+        let url = self.provider_url.as_deref().filter(|u| !u.trim().is_empty()).ok_or_else(|| {
+            Failure::Config("BILLING_PROVIDER_URL (or --provider-url) is required, e.g. http://127.0.0.1:9000".into())
+        })?;
+        Ok(billing::ProviderConfig { base_url: url.to_owned(), timeout: self.provider_timeout })
+    }
+}
+
+/// Settings of `topics create`.
+#[derive(Args, Clone)]
+pub(crate) struct TopicArgs {
+    /// Partitions of every topic (retry and dead-letter topics need at least the source's).
+    #[arg(long, env = "TOPIC_PARTITIONS", default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=10_000))]
+    pub(crate) partitions: i32,
+    /// Replication factor of every topic.
+    #[arg(long, env = "TOPIC_REPLICATION_FACTOR", default_value_t = 1, value_parser = clap::value_parser!(i16).range(1..=16))]
+    pub(crate) replication_factor: i16,
+    /// Leave the source topic alone (it is managed elsewhere).
+    #[arg(long)]
+    pub(crate) skip_source: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum LogFormat {
+    Pretty,
+    Json,
+}
+
+fn parse_schedule(s: &str) -> Result<RetrySchedule, String> {
+    s.parse().map_err(|e: retry_core::Error| e.to_string())
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    match retry_core::parse_duration(s)? {
+        d if d.is_zero() => Err("must be longer than zero".into()),
+        d => Ok(d),
+    }
+}
+
+/// Logs to stderr, `info` and up unless `RUST_LOG` says otherwise.
+pub(crate) fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Pretty => builder.init(),
+        LogFormat::Json => builder.json().with_current_span(true).init(),
+    }
+}

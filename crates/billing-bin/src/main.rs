@@ -1,0 +1,142 @@
+//! `billing-bin`: the billing service. It wires the `billing` domain (charge
+//! the customer when an order is confirmed) to `retry-kafka`'s listener, and
+//! configures both from flags and environment. It only wires and configures:
+//! no Kafka protocol and no billing rule lives here.
+//!
+//! ```text
+//! billing-bin [run]          consume orders.confirmed and its retry rungs, charge, serve /healthz and /readyz
+//! billing-bin topics create  create the topics of the ladder (never auto-created)
+//! billing-bin topics verify  check that they exist with enough partitions
+//! ```
+//!
+//! Exit codes: 0 after a clean shutdown (SIGTERM, SIGINT), 1 when the service
+//! cannot run (broker unreachable, topics missing), 2 for invalid configuration.
+
+mod admin;
+mod config;
+
+use std::{process::ExitCode, sync::Arc};
+
+use clap::Parser;
+use retry_core::{RetryPolicy, RetryTopology};
+use retry_kafka::{Created, Error as KafkaError, Listener, TopicPlan};
+use tracing::{error, info};
+
+use crate::config::{Cli, Command, KafkaArgs, RunArgs, TopicArgs, TopicsAction};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    config::init_logging(cli.kafka.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            None => run(&cli.kafka, &cli.run).await,
+            Some(Command::Run(args)) => run(&cli.kafka, &args).await,
+            Some(Command::Topics { action: TopicsAction::Create(args) }) => create_topics(&cli.kafka, &args).await,
+            Some(Command::Topics { action: TopicsAction::Verify }) => verify_topics(&cli.kafka).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(message)) => {
+            eprintln!("error: invalid configuration: {message}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(message)) => {
+            error!("{message}");
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Why the service stopped: bad settings (exit 2) or a world it cannot work in (exit 1).
+enum Failure {
+    Config(String),
+    Runtime(String),
+}
+
+impl From<KafkaError> for Failure {
+    fn from(e: KafkaError) -> Self {
+        match e {
+            KafkaError::Topics(problems) => {
+                Failure::Runtime(format!("{problems}\ncreate them with `billing-bin topics create`"))
+            }
+            KafkaError::Config(message) => Failure::Config(message),
+            other => Failure::Runtime(other.to_string()),
+        }
+    }
+}
+
+fn topology(kafka: &KafkaArgs) -> Result<RetryTopology, Failure> {
+    RetryTopology::new(&kafka.topic, &kafka.retry_schedule).map_err(|e| Failure::Config(e.to_string()))
+}
+
+async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
+    let provider = args.provider()?;
+    let connection = kafka.connection()?;
+    let topology = topology(kafka)?;
+    let handler = billing::ChargeHandler::new(provider).map_err(|e| Failure::Config(e.to_string()))?;
+
+    // Health first, so an orchestrator sees the process while it connects.
+    let admin = admin::serve(args.admin_listen).await.map_err(|e| Failure::Runtime(e.to_string()))?;
+    info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz)");
+
+    let mut config =
+        retry_kafka::ListenerConfig::new(connection, &args.group_id, RetryPolicy::new(topology, Default::default()));
+    config.handler_timeout = args.provider_timeout + args.provider_timeout / 2;
+    let groups = config.groups();
+    let listener = Listener::start(config, Arc::new(handler)).await?;
+    admin.set_ready(listener.readiness());
+    info!(topic = %kafka.topic, schedule = %kafka.retry_schedule, ?groups, "billing service started");
+
+    wait_for_shutdown_signal().await;
+    info!("shutting down: finishing records in flight, committing, leaving the groups");
+    listener.shutdown().await;
+    admin.stop().await;
+    info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            error!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the service");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
+    }
+}
+
+async fn create_topics(kafka: &KafkaArgs, args: &TopicArgs) -> Result<(), Failure> {
+    let plan = TopicPlan::new(topology(kafka)?, args.partitions).with_replication_factor(args.replication_factor);
+    let outcome = plan.create(&kafka.connection()?, !args.skip_source).await?;
+    for (topic, created) in outcome {
+        match created {
+            Created::Created => println!("created {topic}"),
+            Created::AlreadyExists => println!("exists  {topic}"),
+        }
+    }
+    Ok(())
+}
+
+async fn verify_topics(kafka: &KafkaArgs) -> Result<(), Failure> {
+    let topology = topology(kafka)?;
+    TopicPlan::new(topology.clone(), 1).verify(&kafka.connection()?).await?;
+    for topic in topology.all_topics() {
+        println!("ok {topic}");
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+use std::time::Duration;
+
+use retry_core::{FailureKind, HandlerError};
+
+use crate::InvalidEvent;
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong in billing: a bad configuration, a bad event, or a
+/// charge the provider did not confirm.
+///
+/// [`Error::failure_kind`] says whether retrying may help; converted into a
+/// [`HandlerError`], an error carries that kind and its message with all its
+/// causes.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The event cannot be decoded or breaks a rule: no retry can repair it.
+    #[error("invalid order-confirmed event")]
+    InvalidEvent(#[from] InvalidEvent),
+
+    /// [`ProviderConfig::base_url`](crate::ProviderConfig::base_url) is not a
+    /// usable base URL.
+    #[error(
+        "invalid billing provider URL {url:?} ({reason}): expected an http or https base URL such as https://billing.example.com/v1"
+    )]
+    InvalidProviderUrl {
+        /// The URL as given, without credentials.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// [`ProviderConfig::timeout`](crate::ProviderConfig::timeout) is zero.
+    #[error("invalid billing provider timeout: it must be longer than zero")]
+    ZeroTimeout,
+
+    /// The HTTP client could not be built (its TLS set-up failed).
+    #[error("cannot build the HTTP client for the billing provider")]
+    HttpClient(#[source] reqwest::Error),
+
+    /// The provider answered with a status that does not confirm the charge.
+    #[error("billing provider answered {}{}", status_line(*status), body_suffix(body))]
+    ProviderAnswered {
+        /// The HTTP status code.
+        status: u16,
+        /// What the status means for a retry: see [`retry_core::classify_http_status`].
+        kind: FailureKind,
+        /// The start of the provider's answer (at most
+        /// [`MAX_ERROR_BODY_BYTES`](crate::MAX_ERROR_BODY_BYTES)), for operators.
+        body: String,
+    },
+
+    /// The provider did not answer within the configured timeout.
+    #[error("billing provider timed out after {timeout:?} (POST {url})")]
+    Timeout {
+        /// Where the charge was sent.
+        url: String,
+        /// The configured timeout.
+        timeout: Duration,
+    },
+
+    /// No connection to the provider could be made.
+    #[error("cannot reach the billing provider at {url}")]
+    Unreachable {
+        /// Where the charge was sent.
+        url: String,
+        /// Why the connection failed.
+        #[source]
+        source: reqwest::Error,
+    },
+
+    /// The request failed after the connection was made, e.g. it was reset.
+    #[error("charge request to the billing provider at {url} failed")]
+    Request {
+        /// Where the charge was sent.
+        url: String,
+        /// Why it failed.
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+impl Error {
+    /// Whether a later attempt may succeed: timeouts, unreachable providers,
+    /// failed requests and 408, 425, 429 and 5xx answers are transient;
+    /// everything else is permanent.
+    pub fn failure_kind(&self) -> FailureKind {
+        match self {
+            Error::ProviderAnswered { kind, .. } => *kind,
+            Error::Timeout { .. } | Error::Unreachable { .. } => FailureKind::Transient,
+            // A request that could not even be built fails the same way next time.
+            Error::Request { source, .. } if source.is_builder() => FailureKind::Permanent,
+            Error::Request { .. } => FailureKind::Transient,
+            Error::InvalidEvent(_) | Error::InvalidProviderUrl { .. } | Error::ZeroTimeout | Error::HttpClient(_) => {
+                FailureKind::Permanent
+            }
+        }
+    }
+
+    /// The message with its chain of causes, which `Display` leaves to
+    /// error reporters: the `x-error` header has no reporter.
+    pub(crate) fn with_causes(&self) -> String {
+        let mut message = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(error) = cause {
+            message.push_str(": ");
+            message.push_str(&error.to_string());
+            cause = error.source();
+        }
+        message
+    }
+}
+
+impl From<Error> for HandlerError {
+    fn from(error: Error) -> Self {
+        HandlerError::new(error.failure_kind(), error.with_causes())
+    }
+}
+
+fn status_line(status: u16) -> String {
+    let reason = reqwest::StatusCode::from_u16(status).ok().and_then(|status| status.canonical_reason());
+    match reason {
+        Some(reason) => format!("{status} {reason}"),
+        None => status.to_string(),
+    }
+}
+
+fn body_suffix(body: &str) -> String {
+    if body.is_empty() {
+        String::new()
+    } else {
+        format!(": {body}")
+    }
+}
