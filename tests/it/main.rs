@@ -1,6 +1,7 @@
 //! Integration tests against a real broker: `cargo xtask integration`.
 //! One binary, one module per area.
 
+mod billing;
 mod broker_path;
 mod group;
 mod interop;

@@ -9,6 +9,7 @@
 mod bench;
 mod broker;
 mod ci;
+mod demo;
 mod paths;
 mod process;
 mod python;
@@ -39,6 +40,9 @@ enum Command {
     },
     /// Throughput of the pipeline beside the raw rskafka ceiling, against a broker.
     Bench(bench::BenchArgs),
+    /// The billing service end to end: billing-bin against a broker and a
+    /// faulty fake provider, accounting for every event.
+    Demo(demo::DemoArgs),
     /// Everything CI checks: formatting, lints, unit tests, docs, dependency
     /// rules and the integration tests.
     Ci,
@@ -49,6 +53,7 @@ fn main() -> std::process::ExitCode {
         Command::Broker { action } => broker::run(action),
         Command::Integration { test_args } => ci::integration(&test_args),
         Command::Bench(args) => bench::bench(&args),
+        Command::Demo(args) => demo::demo(&args),
         Command::Ci => ci::ci(),
     };
     match result {

@@ -1,0 +1,315 @@
+//! The billing service end to end: the `billing-bin` process, a real broker,
+//! and the fake billing provider over real HTTP.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use integration::{
+    broker_addr,
+    fake_provider::{FakeProvider, Faults, Script},
+    unique_topic, within,
+};
+use tokio::process::{Child, Command};
+use uuid::Uuid;
+
+use crate::support::{eventually, header, produce, read_partition, SETTLE};
+
+fn billing_bin() -> PathBuf {
+    match std::env::var_os("BILLING_BIN") {
+        Some(path) if !path.is_empty() => path.into(),
+        _ => panic!("BILLING_BIN is not set: run these tests with `cargo xtask integration`, which builds billing-bin"),
+    }
+}
+
+/// A fresh topic name and the settings every command of one test shares.
+struct Setup {
+    topic: String,
+    group: String,
+    schedule: &'static str,
+}
+
+impl Setup {
+    fn new(name: &str) -> Setup {
+        let topic = unique_topic(name);
+        Setup { group: format!("{topic}-billing"), topic, schedule: "200ms,400ms" }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(billing_bin());
+        cmd.args(args)
+            .env_clear()
+            .env("KAFKA_BROKERS", broker_addr())
+            .env("BILLING_TOPIC", &self.topic)
+            .env("BILLING_GROUP_ID", &self.group)
+            .env("RETRY_SCHEDULE", self.schedule)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Runs a command to completion: (exit code, stdout, stderr).
+    async fn run(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+        let mut cmd = self.command(args);
+        cmd.envs(env.iter().copied());
+        let out = within(&format!("billing-bin {args:?}"), cmd.output()).await.expect("billing-bin runs");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+    }
+
+    async fn create_topics(&self) {
+        let (code, stdout, stderr) = self.run(&["topics", "create", "--partitions", "2"], &[]).await;
+        assert_eq!(code, 0, "topics create failed:\n{stdout}\n{stderr}");
+    }
+
+    /// Starts the service against `provider`, waiting until /readyz says so.
+    async fn start(&self, provider: &FakeProvider) -> Service {
+        let admin = free_addr();
+        let log = std::env::temp_dir().join(format!("{}-{}.log", self.topic, Uuid::new_v4()));
+        let mut cmd = self.command(&["run"]);
+        cmd.env("BILLING_PROVIDER_URL", provider.url())
+            .env("BILLING_PROVIDER_TIMEOUT", "1s")
+            .env("ADMIN_LISTEN", &admin)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let child = cmd.spawn().expect("billing-bin starts");
+        let service = Service { child, admin, log };
+        let started = Instant::now();
+        loop {
+            if service.get("/readyz").await == Some(200) {
+                return service;
+            }
+            if started.elapsed() > SETTLE {
+                panic!("billing-bin not ready within {SETTLE:?}; its log:\n{}", service.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn dlq(&self) -> String {
+        format!("{}.dlq", self.topic)
+    }
+}
+
+fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// A running billing-bin process.
+struct Service {
+    child: Child,
+    admin: String,
+    log: PathBuf,
+}
+
+impl Service {
+    async fn get(&self, path: &str) -> Option<u16> {
+        let url = format!("http://{}{path}", self.admin);
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+        client.get(url).send().await.ok().map(|r| r.status().as_u16())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    async fn stop(mut self) {
+        let pid = self.child.id().expect("running").to_string();
+        std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let status = within("billing-bin to stop", self.child.wait()).await.unwrap();
+        assert!(status.success(), "billing-bin exited with {status}; its log:\n{}", self.log());
+    }
+
+    /// SIGKILL: a crash, nothing committed on the way out.
+    async fn kill(mut self) {
+        self.child.start_kill().unwrap();
+        let _ = within("billing-bin to die", self.child.wait()).await;
+    }
+}
+
+/// An OrderConfirmed event as JSON, with its order id.
+fn event(amount: &str) -> (Uuid, String) {
+    let order = Uuid::new_v4();
+    let json = format!(
+        r#"{{"event_id":"{}","order_id":"{order}","customer_id":"{}","total_amount":{amount}}}"#,
+        Uuid::new_v4(),
+        Uuid::new_v4()
+    );
+    (order, json)
+}
+
+/// Every record of the topic's dead-letter topic, both partitions, as
+/// (key, reason, error).
+async fn dead_letters(setup: &Setup) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for p in 0..2 {
+        for r in read_partition(&setup.dlq(), p).await {
+            let key = String::from_utf8_lossy(r.record.key.as_deref().unwrap_or_default()).into_owned();
+            out.push((key, header(&r.record, "x-dead-letter-reason"), header(&r.record, "x-error")));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn transient_provider_failures_recover_and_charge_exactly_once() {
+    let setup = Setup::new("billing-transient");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let (order, json) = event(r#""120.50""#);
+    provider.script(&order.to_string(), Script::FailTimes { times: 2 });
+    let service = setup.start(&provider).await;
+    produce(&setup.topic, 0, &order.to_string(), &json, &[]).await;
+
+    eventually("the charge", SETTLE, || async { (!provider.charges_for(&order.to_string()).is_empty()).then_some(()) })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // room for a wrong second charge
+    service.stop().await;
+    let charges = provider.charges_for(&order.to_string());
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(charges[0].amount, "120.50");
+    assert_eq!(charges[0].requests, 3, "two 503s, then the charge");
+    assert!(dead_letters(&setup).await.is_empty());
+    assert_eq!(read_partition(&format!("{}.retry-200ms", setup.topic), 0).await.len(), 1);
+    assert_eq!(read_partition(&format!("{}.retry-400ms", setup.topic), 0).await.len(), 1);
+}
+
+#[tokio::test]
+async fn bad_events_and_refusals_land_in_the_dead_letter_topic_with_their_reason() {
+    let setup = Setup::new("billing-dlq");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let (declined, declined_json) = event(r#""10.00""#);
+    provider.script(&declined.to_string(), Script::Reject);
+    let (extra, extra_json) = event(r#"12.5"#);
+    let extra_json = extra_json.replace('}', r#","coupon":"SPRING","nested":{"a":1}}"#);
+    let (negative, negative_json) = event(r#""-5.00""#);
+    let (_, wrong_type) = event("true");
+    let cases = [
+        ("declined", declined_json),
+        ("extra-field", extra_json),
+        ("negative", negative_json),
+        ("wrong-type", wrong_type),
+        ("malformed", r#"{"event_id": "#.to_owned()),
+    ];
+    let service = setup.start(&provider).await;
+    for (key, json) in &cases {
+        produce(&setup.topic, 0, key, json, &[]).await;
+    }
+
+    let dead = eventually("four dead letters", SETTLE, || async {
+        let dead = dead_letters(&setup).await;
+        (dead.len() == 4).then_some(dead)
+    })
+    .await;
+    eventually("the event with an unknown field charged", SETTLE, || async {
+        (provider.charges_for(&extra.to_string()).len() == 1).then_some(())
+    })
+    .await;
+    service.stop().await;
+
+    let by_key: BTreeMap<&str, (&str, &str)> =
+        dead.iter().map(|(k, reason, error)| (k.as_str(), (reason.as_str(), error.as_str()))).collect();
+    for key in ["declined", "negative", "wrong-type", "malformed"] {
+        assert_eq!(by_key[key].0, "permanent-failure", "{key}: {dead:?}");
+    }
+    assert!(by_key["declined"].1.contains("400"), "{dead:?}");
+    assert!(by_key["negative"].1.contains("total_amount"), "{dead:?}");
+    assert!(by_key["wrong-type"].1.contains("total_amount"), "{dead:?}");
+    assert!(by_key["malformed"].1.to_lowercase().contains("json"), "{dead:?}");
+    assert!(provider.charges_for(&negative.to_string()).is_empty());
+    assert_eq!(provider.requests().get(&400).copied().unwrap_or(0), 1, "the declined order was tried once");
+}
+
+#[tokio::test]
+async fn a_kill_mid_stream_charges_every_event_exactly_once() {
+    let setup = Setup::new("billing-kill");
+    setup.create_topics().await;
+    // Slow-ish answers keep records in flight when the kill comes.
+    let faults = Faults { transient_pct: 20, transient_max_failures: 1, seed: 7, ..Faults::default() };
+    let provider = FakeProvider::start(faults).await;
+    let mut orders = Vec::new();
+    for i in 0..60 {
+        let (order, json) = event(&format!(r#""{}.{:02}""#, 10 + i, i % 100));
+        produce(&setup.topic, i % 2, &order.to_string(), &json, &[]).await;
+        orders.push(order.to_string());
+    }
+    let service = setup.start(&provider).await;
+    eventually("some charges", SETTLE, || async { (provider.ledger().len() >= 15).then_some(()) }).await;
+    service.kill().await;
+    let before_restart = provider.ledger().len();
+    assert!(before_restart < orders.len(), "the kill came too late to test anything");
+
+    let service = setup.start(&provider).await;
+    eventually("every order charged", Duration::from_secs(60), || async {
+        (provider.ledger().len() == orders.len()).then_some(())
+    })
+    .await;
+    service.stop().await;
+    for order in &orders {
+        assert_eq!(provider.charges_for(order).len(), 1, "order {order}");
+    }
+    assert!(dead_letters(&setup).await.is_empty());
+}
+
+#[tokio::test]
+async fn start_up_refuses_missing_topics_and_bad_configuration() {
+    let setup = Setup::new("billing-refuse");
+    let provider = FakeProvider::start(Faults::default()).await;
+    let url = provider.url();
+    let env = [("BILLING_PROVIDER_URL", url.as_str()), ("ADMIN_LISTEN", "127.0.0.1:0")];
+
+    let (code, _, stderr) = setup.run(&["run"], &env).await;
+    assert_eq!(code, 1, "{stderr}");
+    for topic in [setup.topic.clone(), format!("{}.retry-200ms", setup.topic), setup.dlq()] {
+        assert!(stderr.contains(&format!("topic {topic} is missing")), "{stderr}");
+    }
+    assert!(stderr.contains("billing-bin topics create"), "{stderr}");
+    let (code, _, stderr) = setup.run(&["topics", "verify"], &[]).await;
+    assert_eq!(code, 1, "{stderr}");
+
+    let bad: [(&str, &str, &str); 4] = [
+        ("RETRY_SCHEDULE", "5s,soon", "invalid retry schedule"),
+        ("BILLING_PROVIDER_TIMEOUT", "0s", "--provider-timeout"),
+        ("BILLING_PROVIDER_URL", "ftp://billing", "ftp"),
+        ("ADMIN_LISTEN", "localhost", "--admin-listen"),
+    ];
+    for (name, value, expected) in bad {
+        let mut env = BTreeMap::from(env);
+        env.insert(name, value);
+        let env: Vec<(&str, &str)> = env.into_iter().collect();
+        let (code, _, stderr) = setup.run(&["run"], &env).await;
+        assert_eq!(code, 2, "{name}={value}: {stderr}");
+        assert!(stderr.contains(expected), "{name}={value}: {stderr}");
+    }
+    let (code, _, stderr) = setup.run(&["run"], &[("ADMIN_LISTEN", "127.0.0.1:0")]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("BILLING_PROVIDER_URL"), "{stderr}");
+}
+
+#[tokio::test]
+async fn an_unreachable_broker_is_named_within_a_bounded_time() {
+    let setup = Setup::new("billing-unreachable");
+    let closed = free_addr();
+    let started = Instant::now();
+    let (code, _, stderr) = setup
+        .run(
+            &["run"],
+            &[
+                ("KAFKA_BROKERS", closed.as_str()),
+                ("BILLING_PROVIDER_URL", "http://127.0.0.1:9"),
+                ("ADMIN_LISTEN", "127.0.0.1:0"),
+            ],
+        )
+        .await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains(&closed), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(25), "took {:?}", started.elapsed());
+}

@@ -1,0 +1,760 @@
+//! A fake billing provider: the HTTP API that `billing` charges through, on
+//! loopback, with a ledger to check against and faults to inject. Integration
+//! tests and `cargo xtask demo` use it; the service itself never does.
+//!
+//! The API, as the real provider's contract has it:
+//!
+//! - `POST /charges` with `{"order_id", "customer_id", "amount": "120.50"}` and
+//!   an `Idempotency-Key` header: 201 charged, 409 when that key was charged
+//!   before (and it is not charged again), 400 without the header or with a
+//!   body that is not such a charge (the amount a string, a positive decimal).
+//! - `GET /ledger`: every charge, as JSON (see [`Charge`]).
+//! - `GET /requests`: how many requests were answered with each status.
+//! - `PUT /script/{order_id}` with a [`Script`] as JSON: what to do with the
+//!   next requests for that order, so a test in another process can script it.
+//!
+//! Faults come from a [`Script`] per order, else from the random mix of
+//! [`Faults`]. The mix is deterministic per order id given the seed, and a
+//! transient fault covers only an order's first requests, so a retry of the
+//! same order can succeed, as it would against a provider that recovered.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
+    str::FromStr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{
+    body::Bytes,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode},
+    routing::{get, post, put},
+    Json, Router,
+};
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
+use tokio::{sync::watch, task::JoinHandle};
+
+/// The header that makes a charge idempotent.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The random mix of faults, drawn once per order id. The three shares are
+/// percentages of orders and must add up to at most 100; the rest of the
+/// orders are charged without trouble. [`Faults::default`] injects nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Orders whose first requests fail with a transient status (503, 502,
+    /// 500 or 429), then succeed.
+    pub transient_pct: u8,
+    /// How many first requests a transient order fails: drawn per order from
+    /// `1..=transient_max_failures` (at least 1).
+    pub transient_max_failures: u32,
+    /// Orders that are always refused with 400, as a declined card.
+    pub permanent_pct: u8,
+    /// Orders whose first request is charged but answered only after [`Faults::slow`]:
+    /// a client that gives up earlier does not know the charge happened.
+    pub slow_pct: u8,
+    /// How late a slow order's first request is answered.
+    pub slow: Duration,
+    /// Seeds the draw: the same seed gives every order the same fault.
+    pub seed: u64,
+}
+
+impl Faults {
+    /// Checks that the shares add up to at most 100%.
+    pub fn validate(&self) -> Result<(), String> {
+        let total = u32::from(self.transient_pct) + u32::from(self.permanent_pct) + u32::from(self.slow_pct);
+        if total > 100 {
+            return Err(format!(
+                "fault shares add up to {total}% (transient {}%, permanent {}%, slow {}%): at most 100% of orders can fail",
+                self.transient_pct, self.permanent_pct, self.slow_pct
+            ));
+        }
+        Ok(())
+    }
+
+    /// The fault `order_id` gets under this mix.
+    pub fn plan(&self, order_id: &str) -> OrderFault {
+        let roll = draw(self.seed, order_id, 1) % 100;
+        let permanent = u64::from(self.permanent_pct);
+        let transient = permanent + u64::from(self.transient_pct);
+        let slow = transient + u64::from(self.slow_pct);
+        if roll < permanent {
+            OrderFault::Permanent
+        } else if roll < transient {
+            const STATUSES: [u16; 4] = [503, 502, 500, 429];
+            let failures = 1 + draw(self.seed, order_id, 2) % u64::from(self.transient_max_failures.max(1));
+            let status = STATUSES[(draw(self.seed, order_id, 3) % STATUSES.len() as u64) as usize];
+            OrderFault::Transient { failures: failures as u32, status }
+        } else if roll < slow {
+            OrderFault::Slow
+        } else {
+            OrderFault::Healthy
+        }
+    }
+}
+
+/// What the random mix does to one order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OrderFault {
+    /// Charged at the first request.
+    Healthy,
+    /// The first `failures` requests are answered `status`, then charged.
+    Transient {
+        /// How many first requests fail.
+        failures: u32,
+        /// Their status: 503, 502, 500 or 429.
+        status: u16,
+    },
+    /// Every request is refused with 400.
+    Permanent,
+    /// The first request is charged, but answered only after [`Faults::slow`].
+    Slow,
+}
+
+/// What to do with the next requests for one order, instead of its random
+/// fault. As JSON: `{"kind": "fail_times", "times": 2}`, `{"kind": "reject"}`,
+/// `{"kind": "hang", "times": 1, "delay_ms": 3000}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Script {
+    /// Answer the next `times` requests 503, then charge as usual.
+    FailTimes {
+        /// How many requests fail.
+        times: u32,
+    },
+    /// Answer every request 400, as for a declined card.
+    Reject,
+    /// Charge as usual, but answer each of the next `times` requests only
+    /// after `delay`: the charge is booked before the wait, as when a
+    /// provider's answer comes too late for the client.
+    Hang {
+        /// How many requests are answered late.
+        times: u32,
+        /// How late.
+        #[serde(rename = "delay_ms", with = "millis")]
+        delay: Duration,
+    },
+}
+
+/// One charge in the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    /// The `Idempotency-Key` it was charged under.
+    pub idempotency_key: String,
+    /// The order, as the request named it.
+    pub order_id: String,
+    /// The customer, as the request named it.
+    pub customer_id: String,
+    /// The amount, as the request wrote it.
+    pub amount: String,
+    /// Every request seen with this idempotency key, whatever its answer.
+    pub requests: u32,
+}
+
+/// A running fake provider. It stops on [`FakeProvider::stop`] or when dropped.
+pub struct FakeProvider {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    server: Option<JoinHandle<()>>,
+}
+
+impl FakeProvider {
+    /// Starts a provider on `127.0.0.1` at a free port, with `faults`.
+    ///
+    /// Panics when `faults` do not [validate](Faults::validate) or no port
+    /// can be bound: it is test support, and the test cannot go on.
+    pub async fn start(faults: Faults) -> FakeProvider {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        match FakeProvider::start_on(addr, faults).await {
+            Ok(provider) => provider,
+            Err(e) => panic!("cannot start the fake billing provider on {addr}: {e}"),
+        }
+    }
+
+    /// Starts a provider listening on `addr`, with `faults`.
+    ///
+    /// Panics when `faults` do not [validate](Faults::validate).
+    pub async fn start_on(addr: SocketAddr, faults: Faults) -> std::io::Result<FakeProvider> {
+        if let Err(e) = faults.validate() {
+            panic!("invalid faults for the fake billing provider: {e}");
+        }
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared { faults, books: Mutex::default(), shutdown: watch::Sender::new(false) });
+        let router = Router::new()
+            .route("/charges", post(charge))
+            .route("/ledger", get(ledger))
+            .route("/requests", get(requests))
+            .route("/script/{order_id}", put(script))
+            .with_state(shared.clone());
+        let mut shutdown = shared.shutdown.subscribe();
+        let server = tokio::spawn(async move {
+            let stopped = async move {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+            };
+            if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(stopped).await {
+                eprintln!("the fake billing provider stopped serving: {e}");
+            }
+        });
+        Ok(FakeProvider { addr, shared, server: Some(server) })
+    }
+
+    /// The base URL, `http://127.0.0.1:PORT`, to configure as the provider's.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The faults it was started with.
+    pub fn faults(&self) -> &Faults {
+        &self.shared.faults
+    }
+
+    /// Scripts the next requests for `order_id`, replacing its random fault
+    /// (and any earlier script) for good.
+    pub fn script(&self, order_id: &str, script: Script) {
+        self.shared.books().scripts.insert(order_id.to_owned(), script);
+    }
+
+    /// Every charge, in the order they were made.
+    pub fn ledger(&self) -> Vec<Charge> {
+        self.shared.books().ledger()
+    }
+
+    /// The charges of `order_id`: more than one is a double charge.
+    pub fn charges_for(&self, order_id: &str) -> Vec<Charge> {
+        self.ledger().into_iter().filter(|c| c.order_id == order_id).collect()
+    }
+
+    /// How many requests were answered with each status.
+    pub fn requests(&self) -> BTreeMap<u16, u64> {
+        self.shared.books().statuses.clone()
+    }
+
+    /// Stops serving: requests still waiting on a delay are answered 503 at
+    /// once, and the server is gone when this returns.
+    pub async fn stop(mut self) {
+        self.shared.shutdown.send_replace(true);
+        if let Some(server) = self.server.take() {
+            let _ = server.await;
+        }
+    }
+}
+
+impl Drop for FakeProvider {
+    fn drop(&mut self) {
+        // The server task notices and ends by itself; a drop cannot await it.
+        self.shared.shutdown.send_replace(true);
+    }
+}
+
+/// What the handlers share.
+struct Shared {
+    faults: Faults,
+    books: Mutex<Books>,
+    /// Turns true once the provider stops; delayed answers give up then.
+    shutdown: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn books(&self) -> std::sync::MutexGuard<'_, Books> {
+        // A handler that panicked mid-update left nothing half-done worth refusing to read.
+        self.books.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The provider's memory.
+#[derive(Default)]
+struct Books {
+    /// Charges in the order they were made.
+    charges: Vec<Charge>,
+    /// Index into `charges` by idempotency key.
+    by_key: HashMap<String, usize>,
+    /// Requests per idempotency key, charged or not.
+    requests_by_key: HashMap<String, u32>,
+    /// Requests per order: the attempt number that random faults go by.
+    requests_by_order: HashMap<String, u32>,
+    scripts: HashMap<String, Script>,
+    statuses: BTreeMap<u16, u64>,
+}
+
+impl Books {
+    fn ledger(&self) -> Vec<Charge> {
+        self.charges
+            .iter()
+            .map(|c| Charge { requests: self.requests_by_key[&c.idempotency_key], ..c.clone() })
+            .collect()
+    }
+
+    /// What `order_id`'s script or random fault does to its `attempt`-th
+    /// request: fail with a status, or go on after an optional delay.
+    fn fault(
+        &mut self,
+        faults: &Faults,
+        order_id: &str,
+        attempt: u32,
+    ) -> Result<Option<Duration>, (StatusCode, String)> {
+        if let Some(script) = self.scripts.get_mut(order_id) {
+            return match script {
+                Script::FailTimes { times } if *times > 0 => {
+                    *times -= 1;
+                    Err((StatusCode::SERVICE_UNAVAILABLE, "scripted outage: try again later".into()))
+                }
+                Script::Hang { times, delay } if *times > 0 => {
+                    *times -= 1;
+                    Ok(Some(*delay))
+                }
+                Script::Reject => Err((StatusCode::BAD_REQUEST, "card declined (scripted)".into())),
+                Script::FailTimes { .. } | Script::Hang { .. } => Ok(None),
+            };
+        }
+        match faults.plan(order_id) {
+            OrderFault::Permanent => Err((StatusCode::BAD_REQUEST, "card declined (fake permanent fault)".into())),
+            OrderFault::Transient { failures, status } if attempt <= failures => Err((
+                StatusCode::from_u16(status).expect("the fault statuses are valid"),
+                format!("fake transient fault {attempt} of {failures}: try again later"),
+            )),
+            OrderFault::Slow if attempt == 1 => Ok(Some(faults.slow)),
+            OrderFault::Transient { .. } | OrderFault::Slow | OrderFault::Healthy => Ok(None),
+        }
+    }
+}
+
+/// The body of `POST /charges`.
+#[derive(Deserialize)]
+struct ChargeRequest {
+    order_id: String,
+    customer_id: String,
+    amount: String,
+}
+
+/// The answer to a charge: a status and a JSON body.
+type Answer = (StatusCode, Json<serde_json::Value>);
+
+async fn charge(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Answer {
+    let (answer, delay) = decide(&shared, &headers, &body);
+    let Some(delay) = delay else { return answer };
+    let mut shutdown = shared.shutdown.subscribe();
+    tokio::select! {
+        () = tokio::time::sleep(delay) => answer,
+        _ = shutdown.wait_for(|stop| *stop) => refuse(StatusCode::SERVICE_UNAVAILABLE, "the fake provider is stopping"),
+    }
+}
+
+/// Books the charge (or not) and says how to answer and how long to wait first.
+fn decide(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> (Answer, Option<Duration>) {
+    let mut books = shared.books();
+    let (answer, delay) = book(&mut books, &shared.faults, headers, body)
+        .unwrap_or_else(|(status, message)| (refuse(status, &message), None));
+    *books.statuses.entry(answer.0.as_u16()).or_default() += 1;
+    (answer, delay)
+}
+
+fn book(
+    books: &mut Books,
+    faults: &Faults,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Answer, Option<Duration>), (StatusCode, String)> {
+    let bad = |message: String| (StatusCode::BAD_REQUEST, message);
+    let key = match headers.get(IDEMPOTENCY_KEY).map(|v| v.to_str()) {
+        Some(Ok(key)) if !key.trim().is_empty() => key.to_owned(),
+        Some(_) => return Err(bad("the Idempotency-Key header is empty or not text".into())),
+        None => return Err(bad("missing Idempotency-Key header".into())),
+    };
+    let request: ChargeRequest =
+        serde_json::from_slice(body).map_err(|e| bad(format!("invalid charge request: {e}")))?;
+    match Decimal::from_str(&request.amount) {
+        Ok(amount) if amount > Decimal::ZERO => {}
+        Ok(amount) => return Err(bad(format!("amount must be positive, got {amount}"))),
+        Err(e) => return Err(bad(format!("amount {:?} is not a decimal: {e}", request.amount))),
+    }
+
+    *books.requests_by_key.entry(key.clone()).or_default() += 1;
+    let attempt = {
+        let n = books.requests_by_order.entry(request.order_id.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    let delay = books.fault(faults, &request.order_id, attempt)?;
+
+    if let Some(&index) = books.by_key.get(&key) {
+        let body = serde_json::json!({
+            "error": "already charged under this idempotency key",
+            "charge_id": charge_id(index),
+        });
+        return Ok(((StatusCode::CONFLICT, Json(body)), delay));
+    }
+    let index = books.charges.len();
+    books.by_key.insert(key.clone(), index);
+    books.charges.push(Charge {
+        idempotency_key: key,
+        order_id: request.order_id.clone(),
+        customer_id: request.customer_id,
+        amount: request.amount,
+        requests: 0,
+    });
+    let body = serde_json::json!({ "charge_id": charge_id(index), "order_id": request.order_id, "status": "charged" });
+    Ok(((StatusCode::CREATED, Json(body)), delay))
+}
+
+fn charge_id(index: usize) -> String {
+    format!("ch_{:06}", index + 1)
+}
+
+fn refuse(status: StatusCode, message: &str) -> Answer {
+    (status, Json(serde_json::json!({ "error": message })))
+}
+
+async fn ledger(State(shared): State<Arc<Shared>>) -> Json<Vec<Charge>> {
+    Json(shared.books().ledger())
+}
+
+async fn requests(State(shared): State<Arc<Shared>>) -> Json<BTreeMap<u16, u64>> {
+    Json(shared.books().statuses.clone())
+}
+
+async fn script(State(shared): State<Arc<Shared>>, Path(order_id): Path<String>, body: Bytes) -> Answer {
+    match serde_json::from_slice::<Script>(&body) {
+        Ok(script) => {
+            shared.books().scripts.insert(order_id.clone(), script);
+            (StatusCode::OK, Json(serde_json::json!({ "order_id": order_id, "script": script })))
+        }
+        Err(e) => refuse(StatusCode::BAD_REQUEST, &format!("invalid script: {e}")),
+    }
+}
+
+/// A number in `0..2^64` that depends only on the seed, the order and `salt`
+/// (one salt per decision). SplitMix64 rather than std's hasher, whose output
+/// may change between Rust releases: a seed must replay the same faults.
+fn draw(seed: u64, order_id: &str, salt: u64) -> u64 {
+    let mut h = splitmix64(seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    for byte in order_id.bytes() {
+        h = splitmix64(h ^ u64::from(byte));
+    }
+    h
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A `Duration` as whole milliseconds in JSON.
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis().try_into().unwrap_or(u64::MAX))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// Talks to one provider as the billing handler would.
+    struct Client {
+        http: reqwest::Client,
+        url: String,
+    }
+
+    impl Client {
+        fn of(provider: &FakeProvider) -> Client {
+            Client::with_timeout(provider, Duration::from_secs(10))
+        }
+
+        fn with_timeout(provider: &FakeProvider, timeout: Duration) -> Client {
+            Client { http: reqwest::Client::builder().timeout(timeout).build().unwrap(), url: provider.url() }
+        }
+
+        /// Charges `order` under the key `event-<order>`.
+        async fn charge(&self, order: &str) -> reqwest::Result<u16> {
+            self.post(Some(&format!("event-{order}")), &charge_body(order).to_string()).await
+        }
+
+        async fn post(&self, key: Option<&str>, body: &str) -> reqwest::Result<u16> {
+            let mut request = self
+                .http
+                .post(format!("{}/charges", self.url))
+                .header("content-type", "application/json")
+                .body(body.to_owned());
+            if let Some(key) = key {
+                request = request.header("Idempotency-Key", key);
+            }
+            Ok(request.send().await?.status().as_u16())
+        }
+
+        async fn get(&self, path: &str) -> Value {
+            self.http.get(format!("{}{path}", self.url)).send().await.unwrap().json().await.unwrap()
+        }
+
+        async fn put_script(&self, order: &str, script: &str) -> u16 {
+            let url = format!("{}/script/{order}", self.url);
+            self.http.put(url).body(script.to_owned()).send().await.unwrap().status().as_u16()
+        }
+    }
+
+    fn charge_body(order: &str) -> Value {
+        json!({ "order_id": order, "customer_id": format!("customer-{order}"), "amount": "120.50" })
+    }
+
+    fn ledger_entry(order: &str, requests: u32) -> Charge {
+        Charge {
+            idempotency_key: format!("event-{order}"),
+            order_id: order.into(),
+            customer_id: format!("customer-{order}"),
+            amount: "120.50".into(),
+            requests,
+        }
+    }
+
+    /// Charges `order` once per expected status, under one key, and checks the answers.
+    async fn check(client: &Client, order: &str, expected: &[u16]) {
+        let mut got = Vec::new();
+        for _ in expected {
+            got.push(client.charge(order).await.unwrap());
+        }
+        assert_eq!(got, expected, "statuses of the charges of {order}");
+    }
+
+    #[tokio::test]
+    async fn a_key_is_charged_once() {
+        let provider = FakeProvider::start(Faults::default()).await;
+        check(&Client::of(&provider), "o-1", &[201, 409, 409]).await;
+        assert_eq!(provider.ledger(), [ledger_entry("o-1", 3)]);
+        assert_eq!(provider.charges_for("o-1"), [ledger_entry("o-1", 3)]);
+        assert_eq!(provider.charges_for("o-2"), []);
+        assert_eq!(provider.requests(), BTreeMap::from([(201, 1), (409, 2)]));
+    }
+
+    #[tokio::test]
+    async fn malformed_charges_are_refused() {
+        let valid = charge_body("o-1").to_string();
+        // (Idempotency-Key, body): each is answered 400 and charges nothing.
+        let cases: &[(Option<&str>, &str)] = &[
+            (None, &valid),
+            (Some(" "), &valid),
+            (Some("k"), "not json"),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1"}"#),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": 120.5}"#),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "-1.00"}"#),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "0"}"#),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "lots"}"#),
+        ];
+        let provider = FakeProvider::start(Faults::default()).await;
+        let client = Client::of(&provider);
+        for (key, body) in cases {
+            assert_eq!(client.post(*key, body).await.unwrap(), 400, "key {key:?}, body {body}");
+        }
+        assert_eq!(provider.ledger(), []);
+        assert_eq!(provider.requests(), BTreeMap::from([(400, cases.len() as u64)]));
+    }
+
+    /// Scripts and the statuses of the order's next charges. Each runs on a
+    /// provider that would otherwise refuse every order: scripts win.
+    const SCRIPTS: &[(Script, &[u16])] = &[
+        (Script::FailTimes { times: 2 }, &[503, 503, 201, 409]),
+        (Script::FailTimes { times: 0 }, &[201, 409]),
+        (Script::Reject, &[400, 400, 400]),
+        (Script::Hang { times: 1, delay: Duration::from_millis(50) }, &[201, 409]),
+    ];
+
+    fn always_refusing() -> Faults {
+        Faults { permanent_pct: 100, ..Faults::default() }
+    }
+
+    #[tokio::test]
+    async fn scripts_in_process() {
+        let provider = FakeProvider::start(always_refusing()).await;
+        let client = Client::of(&provider);
+        for (i, (script, expected)) in SCRIPTS.iter().enumerate() {
+            let order = format!("o-{i}");
+            provider.script(&order, *script);
+            check(&client, &order, expected).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn scripts_over_http() {
+        let provider = FakeProvider::start(always_refusing()).await;
+        let client = Client::of(&provider);
+        for (i, (script, expected)) in SCRIPTS.iter().enumerate() {
+            let order = format!("o-{i}");
+            assert_eq!(client.put_script(&order, &serde_json::to_string(script).unwrap()).await, 200);
+            check(&client, &order, expected).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn scripts_have_a_documented_json_form() {
+        let cases = [
+            (r#"{"kind": "reject"}"#, 200),
+            (r#"{"kind": "hang", "times": 1, "delay_ms": 3000}"#, 200),
+            (r#"{"kind": "fail_times", "times": 2}"#, 200),
+            (r#"{"kind": "hang", "times": 1}"#, 400),
+            (r#"{"kind": "explode"}"#, 400),
+            ("nonsense", 400),
+        ];
+        let provider = FakeProvider::start(Faults::default()).await;
+        let client = Client::of(&provider);
+        for (script, expected) in cases {
+            assert_eq!(client.put_script("o-1", script).await, expected, "{script}");
+        }
+        // The last valid one holds.
+        check(&client, "o-1", &[503, 503, 201, 409]).await;
+    }
+
+    #[tokio::test]
+    async fn a_hang_outlasts_the_client_timeout_yet_charges() {
+        let provider = FakeProvider::start(Faults::default()).await;
+        provider.script("o-1", Script::Hang { times: 1, delay: Duration::from_secs(60) });
+        let impatient = Client::with_timeout(&provider, Duration::from_millis(300));
+        let err = impatient.charge("o-1").await.unwrap_err();
+        assert!(err.is_timeout(), "expected a client timeout, got {err}");
+        // The charge was booked before the wait: the retry learns it.
+        check(&Client::of(&provider), "o-1", &[409]).await;
+        assert_eq!(provider.ledger(), [ledger_entry("o-1", 2)]);
+    }
+
+    #[tokio::test]
+    async fn stopping_answers_waiting_requests_and_closes_the_port() {
+        let provider = FakeProvider::start(Faults::default()).await;
+        provider.script("o-1", Script::Hang { times: 1, delay: Duration::from_secs(60) });
+        let client = Client::of(&provider);
+        let waiting = tokio::spawn(async move { client.charge("o-1").await });
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while provider.requests().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the request reaches the provider");
+        let client = Client::of(&provider);
+        tokio::time::timeout(Duration::from_secs(10), provider.stop()).await.expect("stop is prompt");
+        assert_eq!(waiting.await.unwrap().unwrap(), 503);
+        assert!(client.charge("o-2").await.unwrap_err().is_connect());
+    }
+
+    #[tokio::test]
+    async fn random_faults_follow_the_plan() {
+        let faults = Faults {
+            transient_pct: 40,
+            transient_max_failures: 3,
+            permanent_pct: 20,
+            slow_pct: 20,
+            slow: Duration::from_millis(20),
+            seed: 7,
+        };
+        let provider = FakeProvider::start(faults.clone()).await;
+        let client = Client::of(&provider);
+        let mut kinds = std::collections::HashSet::new();
+        for i in 0..40 {
+            let order = format!("order-{i}");
+            let fault = faults.plan(&order);
+            let expected = match fault {
+                OrderFault::Healthy | OrderFault::Slow => vec![201, 409],
+                OrderFault::Transient { failures, status } => {
+                    let mut statuses = vec![status; failures as usize];
+                    statuses.extend([201, 409]);
+                    statuses
+                }
+                OrderFault::Permanent => vec![400, 400],
+            };
+            check(&client, &order, &expected).await;
+            kinds.insert(std::mem::discriminant(&fault));
+        }
+        assert_eq!(kinds.len(), 4, "40 orders meet every kind of fault");
+    }
+
+    #[test]
+    fn the_plan_is_deterministic_per_seed_and_keeps_the_shares() {
+        let faults = Faults {
+            transient_pct: 20,
+            transient_max_failures: 4,
+            permanent_pct: 5,
+            slow_pct: 5,
+            slow: Duration::from_secs(3),
+            seed: 42,
+        };
+        let orders: Vec<String> = (0..10_000).map(|i| format!("order-{i}")).collect();
+        let plan = |faults: &Faults| orders.iter().map(|o| faults.plan(o)).collect::<Vec<_>>();
+        let planned = plan(&faults);
+        assert_eq!(planned, plan(&faults.clone()));
+        assert_ne!(planned, plan(&Faults { seed: 43, ..faults.clone() }));
+
+        let kind = |f: &OrderFault| match f {
+            OrderFault::Healthy => "healthy",
+            OrderFault::Transient { .. } => "transient",
+            OrderFault::Permanent => "permanent",
+            OrderFault::Slow => "slow",
+        };
+        for (name, expected_pct) in [("transient", 20.0), ("permanent", 5.0), ("slow", 5.0), ("healthy", 70.0)] {
+            let got_pct = planned.iter().filter(|f| kind(f) == name).count() as f64 / 100.0;
+            assert!(
+                (got_pct - expected_pct).abs() < 1.5,
+                "{name}: {got_pct}% of orders, expected about {expected_pct}%"
+            );
+        }
+        let failures: std::collections::BTreeSet<u32> = planned
+            .iter()
+            .filter_map(|f| match f {
+                OrderFault::Transient { failures, .. } => Some(*failures),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(failures, (1..=4).collect());
+    }
+
+    #[test]
+    fn fault_shares_add_up_to_at_most_100() {
+        let cases = [((20, 5, 5), true), ((0, 0, 100), true), ((50, 30, 20), true), ((50, 30, 21), false)];
+        for ((transient_pct, permanent_pct, slow_pct), valid) in cases {
+            let faults = Faults { transient_pct, permanent_pct, slow_pct, ..Faults::default() };
+            assert_eq!(faults.validate().is_ok(), valid, "{faults:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_ledger_and_request_counts_are_served_as_json() {
+        let provider = FakeProvider::start(Faults::default()).await;
+        let client = Client::of(&provider);
+        check(&client, "o-1", &[201, 409]).await;
+        check(&client, "o-2", &[201]).await;
+        let expected = json!([
+            {
+                "idempotency_key": "event-o-1",
+                "order_id": "o-1",
+                "customer_id": "customer-o-1",
+                "amount": "120.50",
+                "requests": 2,
+            },
+            {
+                "idempotency_key": "event-o-2",
+                "order_id": "o-2",
+                "customer_id": "customer-o-2",
+                "amount": "120.50",
+                "requests": 1,
+            },
+        ]);
+        assert_eq!(client.get("/ledger").await, expected);
+        assert_eq!(client.get("/requests").await, json!({ "201": 2, "409": 1 }));
+    }
+}
