@@ -130,10 +130,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// Logs to stderr, `info` and up unless `RUST_LOG` says otherwise.
+/// Logs to stderr, `info` and up (rskafka's connection chatter from `warn`)
+/// unless `RUST_LOG` says otherwise.
 pub(crate) fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rskafka=warn"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Pretty => builder.init(),
