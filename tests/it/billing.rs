@@ -313,3 +313,25 @@ async fn an_unreachable_broker_is_named_within_a_bounded_time() {
     assert!(stderr.contains(&closed), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(25), "took {:?}", started.elapsed());
 }
+
+#[tokio::test]
+async fn a_provider_answer_that_comes_too_late_is_retried_and_not_charged_twice() {
+    let setup = Setup::new("billing-late");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let (order, json) = event(r#""42.00""#);
+    // The provider books the charge, but answers after the service's 1 s timeout.
+    provider.script(&order.to_string(), Script::Hang { times: 1, delay: Duration::from_secs(3) });
+    let service = setup.start(&provider).await;
+    produce(&setup.topic, 1, &order.to_string(), &json, &[]).await;
+
+    eventually("the retry to be answered 409", SETTLE, || async {
+        (provider.requests().get(&409).copied().unwrap_or(0) == 1).then_some(())
+    })
+    .await;
+    service.stop().await;
+    let charges = provider.charges_for(&order.to_string());
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(charges[0].requests, 2, "the timed-out request, then the retry");
+    assert!(dead_letters(&setup).await.is_empty());
+}
