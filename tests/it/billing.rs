@@ -73,6 +73,7 @@ impl Setup {
         let mut cmd = self.command(&["run"]);
         cmd.env("BILLING_PROVIDER_URL", provider.url())
             .env("BILLING_PROVIDER_TIMEOUT", "1s")
+            .env("DLQ_POLL_INTERVAL", "200ms")
             .env("ADMIN_LISTEN", &admin)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
@@ -112,6 +113,14 @@ impl Service {
         let url = format!("http://{}{path}", self.admin);
         let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
         client.get(url).send().await.ok().map(|r| r.status().as_u16())
+    }
+
+    /// The value of one sample of `/metrics`, e.g. `kafka_retry_dlq_backlog{topic="t.dlq"}`.
+    async fn metric(&self, sample: &str) -> Option<f64> {
+        let url = format!("http://{}/metrics", self.admin);
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+        let text = client.get(url).send().await.ok()?.text().await.ok()?;
+        text.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
     fn log(&self) -> String {
@@ -334,4 +343,45 @@ async fn a_provider_answer_that_comes_too_late_is_retried_and_not_charged_twice(
     assert_eq!(charges.len(), 1, "{charges:?}");
     assert_eq!(charges[0].requests, 2, "the timed-out request, then the retry");
     assert!(dead_letters(&setup).await.is_empty());
+}
+
+#[tokio::test]
+async fn metrics_count_outcomes_and_the_dead_letter_backlog_follows_the_operators() {
+    let setup = Setup::new("billing-metrics");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let (good, good_json) = event(r#""1.00""#);
+    let (bad, bad_json) = event(r#""2.00""#);
+    provider.script(&bad.to_string(), Script::Reject);
+    let service = setup.start(&provider).await;
+    produce(&setup.topic, 0, &good.to_string(), &good_json, &[]).await;
+    produce(&setup.topic, 0, &bad.to_string(), &bad_json, &[]).await;
+
+    let success = format!(r#"kafka_retry_records_total{{topic="{}",outcome="success"}}"#, setup.topic);
+    let dead = format!(r#"kafka_retry_records_total{{topic="{}",outcome="dead_letter"}}"#, setup.topic);
+    let backlog = format!(r#"kafka_retry_dlq_backlog{{topic="{}"}}"#, setup.dlq());
+    eventually("the outcomes counted", SETTLE, || async {
+        (service.metric(&success).await == Some(1.0) && service.metric(&dead).await == Some(1.0)).then_some(())
+    })
+    .await;
+    eventually("a backlog of one", SETTLE, || async { (service.metric(&backlog).await == Some(1.0)).then_some(()) })
+        .await;
+
+    // An operator acknowledges the dead letter: the operators' group moves past it.
+    let mut dead_partition = None;
+    for p in 0..2 {
+        if read_partition(&setup.dlq(), p).await.len() == 1 {
+            dead_partition = Some(p);
+        }
+    }
+    let dead_partition = dead_partition.expect("the dead letter is somewhere");
+    let connection = retry_kafka::ConnectionConfig::new(&broker_addr(), "kafka-retry-it").unwrap();
+    let mut operators = retry_kafka::GroupOffsets::new(connection, &format!("{}.dlq-operators", setup.group));
+    let acknowledged = BTreeMap::from([((setup.dlq(), dead_partition), 1)]);
+    within("acknowledge", operators.commit(&acknowledged)).await.unwrap();
+    eventually("the backlog back to zero", SETTLE, || async {
+        (service.metric(&backlog).await == Some(0.0)).then_some(())
+    })
+    .await;
+    service.stop().await;
 }

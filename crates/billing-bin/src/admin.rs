@@ -1,19 +1,26 @@
-//! The admin listener: `/healthz` (the process is alive) and `/readyz`
-//! (topics verified and every consumer group joined).
+//! The admin listener: `/healthz` (the process is alive), `/readyz` (topics
+//! verified and every consumer group joined) and `/metrics` (Prometheus text).
 
 use std::{
     net::SocketAddr,
     sync::{Arc, OnceLock},
 };
 
-use axum::{extract::State, http::StatusCode, routing::get, Router};
+use axum::{
+    extract::State,
+    http::{header, StatusCode},
+    response::IntoResponse,
+    routing::get,
+    Router,
+};
+use prometheus_client::registry::Registry;
 use retry_kafka::Readiness;
 use tokio::{sync::oneshot, task::JoinHandle};
 
 /// The running admin server.
 pub(crate) struct Admin {
     addr: SocketAddr,
-    ready: Arc<OnceLock<Readiness>>,
+    ready: Arc<OnceLock<Running>>,
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
 }
@@ -24,9 +31,9 @@ impl Admin {
         self.addr
     }
 
-    /// From now on, `/readyz` follows the listener.
-    pub(crate) fn set_ready(&self, readiness: Readiness) {
-        let _ = self.ready.set(readiness);
+    /// From now on, `/readyz` follows the listener and `/metrics` shows `registry`.
+    pub(crate) fn set_running(&self, readiness: Readiness, registry: Registry) {
+        let _ = self.ready.set(Running { readiness, registry });
     }
 
     /// Stops accepting, finishes requests under way.
@@ -42,10 +49,11 @@ pub(crate) async fn serve(addr: SocketAddr) -> std::io::Result<Admin> {
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on ADMIN_LISTEN={addr}: {e}")))?;
     let addr = listener.local_addr()?;
-    let ready: Arc<OnceLock<Readiness>> = Arc::default();
+    let ready: Arc<OnceLock<Running>> = Arc::default();
     let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .with_state(ready.clone());
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -59,10 +67,28 @@ pub(crate) async fn serve(addr: SocketAddr) -> std::io::Result<Admin> {
     Ok(Admin { addr, ready, stop, task })
 }
 
-async fn readyz(State(ready): State<Arc<OnceLock<Readiness>>>) -> (StatusCode, &'static str) {
+/// What the endpoints show once the listener runs.
+struct Running {
+    readiness: Readiness,
+    registry: Registry,
+}
+
+async fn readyz(State(ready): State<Arc<OnceLock<Running>>>) -> (StatusCode, &'static str) {
     match ready.get() {
-        Some(r) if r.is_ready() => (StatusCode::OK, "ready\n"),
+        Some(r) if r.readiness.is_ready() => (StatusCode::OK, "ready\n"),
         Some(_) => (StatusCode::SERVICE_UNAVAILABLE, "joining the consumer groups\n"),
         None => (StatusCode::SERVICE_UNAVAILABLE, "starting: verifying topics\n"),
     }
+}
+
+async fn metrics(State(ready): State<Arc<OnceLock<Running>>>) -> impl IntoResponse {
+    let mut text = String::new();
+    if let Some(running) = ready.get() {
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &running.registry) {
+            return (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], format!("{e}\n"));
+        }
+    } else {
+        text.push_str("# EOF\n");
+    }
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
 }

@@ -85,9 +85,12 @@ pub(crate) struct RunArgs {
     /// How long one call to the provider may take; longer is a transient failure.
     #[arg(long, env = "BILLING_PROVIDER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub(crate) provider_timeout: Duration,
-    /// Where /healthz and /readyz are served.
+    /// Where /healthz, /readyz and /metrics are served.
     #[arg(long, env = "ADMIN_LISTEN", default_value = "127.0.0.1:8080")]
     pub(crate) admin_listen: SocketAddr,
+    /// How often the dead-letter backlog gauge is measured.
+    #[arg(long, env = "DLQ_POLL_INTERVAL", default_value = "15s", value_parser = parse_duration)]
+    pub(crate) dlq_poll_interval: Duration,
 }
 
 impl RunArgs {

@@ -86,14 +86,17 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
 
     // Health first, so an orchestrator sees the process while it connects.
     let admin = admin::serve(args.admin_listen).await.map_err(|e| Failure::Runtime(e.to_string()))?;
-    info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz)");
+    info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");
 
     let mut config =
         retry_kafka::ListenerConfig::new(connection, &args.group_id, RetryPolicy::new(topology, Default::default()));
     config.handler_timeout = args.provider_timeout + args.provider_timeout / 2;
+    config.dlq_poll_interval = args.dlq_poll_interval;
     let groups = config.groups();
     let listener = Listener::start(config, Arc::new(handler)).await?;
-    admin.set_ready(listener.readiness());
+    let mut registry = prometheus_client::registry::Registry::default();
+    listener.register_metrics(&mut registry);
+    admin.set_running(listener.readiness(), registry);
     info!(topic = %kafka.topic, schedule = %kafka.retry_schedule, ?groups, "billing service started");
 
     wait_for_shutdown_signal().await;

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     group::GroupClient,
+    metrics::Metrics,
     stats::{bump, ListenerStats},
     ConnectionConfig, TopicPartition,
 };
@@ -77,6 +78,7 @@ impl Committer {
         interval: Duration,
         batch_size: usize,
         stats: Arc<ListenerStats>,
+        metrics: Metrics,
     ) -> Self {
         let tracker = Arc::new(CommitTracker::new(batch_size));
         let stop = CancellationToken::new();
@@ -100,6 +102,7 @@ impl Committer {
                             }
                             Err(e) => {
                                 bump(&stats.commit_failures);
+                                metrics.commit_failed(client.group_id());
                                 tracing::warn!(group = client.group_id(), error = %e, "offset commit failed; will retry");
                                 tracker.restore(offsets);
                                 if last {

@@ -42,12 +42,14 @@
 
 mod assignor;
 mod commit;
+mod dlq;
 mod error;
 mod fallback;
 mod group;
 mod handler;
 mod listener;
 mod member;
+mod metrics;
 mod offsets;
 mod publisher;
 mod stats;

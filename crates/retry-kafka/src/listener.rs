@@ -9,8 +9,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    member::Member, publisher::Publisher, stats::ListenerStats, ConnectionConfig, Error, RecordHandler, Result,
-    TopicPlan,
+    dlq::BacklogMonitor, member::Member, metrics::Metrics, publisher::Publisher, stats::ListenerStats,
+    ConnectionConfig, Error, RecordHandler, Result, TopicPlan,
 };
 
 /// Where to start a partition that has no committed offset, or whose
@@ -65,6 +65,8 @@ pub struct ListenerConfig {
     pub publish_backoff_initial: Duration,
     /// Longest wait between publish attempts.
     pub publish_backoff_max: Duration,
+    /// How often the dead-letter backlog (`kafka_retry_dlq_backlog`) is measured.
+    pub dlq_poll_interval: Duration,
 }
 
 impl ListenerConfig {
@@ -89,6 +91,7 @@ impl ListenerConfig {
             offset_reset: OffsetReset::Earliest,
             publish_backoff_initial: Duration::from_millis(100),
             publish_backoff_max: Duration::from_secs(10),
+            dlq_poll_interval: Duration::from_secs(15),
         }
     }
 
@@ -107,6 +110,12 @@ impl ListenerConfig {
                 (topic.to_string(), group)
             })
             .collect()
+    }
+
+    /// The operators' group: its committed offsets on the dead-letter topic
+    /// mark what operators replayed or acknowledged.
+    pub fn operators_group(&self) -> String {
+        format!("{}.dlq-operators", self.group_id)
     }
 
     fn validate(&self) -> Result<()> {
@@ -135,6 +144,7 @@ pub(crate) struct Shared<H> {
     pub(crate) publisher: Publisher,
     pub(crate) handler: Arc<H>,
     pub(crate) stats: Arc<ListenerStats>,
+    pub(crate) metrics: Metrics,
     /// How many group members received their first assignment.
     pub(crate) members_joined: std::sync::atomic::AtomicUsize,
 }
@@ -145,6 +155,7 @@ pub struct Listener {
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
     stats: Arc<ListenerStats>,
+    metrics: Metrics,
     ready: Readiness,
 }
 
@@ -175,12 +186,14 @@ impl Listener {
         let client = Arc::new(connect(&config.connection).await?);
         TopicPlan::new(config.policy.topology().clone(), 1).verify_with(&client).await?;
         let stats = Arc::new(ListenerStats::default());
+        let metrics = Metrics::default();
         let shared = Arc::new(Shared {
             publisher: Publisher::new(client.clone()),
             client,
             handler,
             stats: stats.clone(),
             members_joined: Default::default(),
+            metrics: metrics.clone(),
             config,
         });
         let shutdown = CancellationToken::new();
@@ -196,7 +209,16 @@ impl Listener {
             let shared = shared.clone();
             Readiness(Arc::new(move || shared.members_joined.load(std::sync::atomic::Ordering::Relaxed) >= members))
         };
-        Ok(Listener { shutdown, tasks, stats, ready })
+        let monitor = BacklogMonitor {
+            client: shared.client.clone(),
+            connection: shared.config.connection.clone(),
+            dead_letter_topic: shared.config.policy.topology().dead_letter_topic().to_string(),
+            operators_group: shared.config.operators_group(),
+            interval: shared.config.dlq_poll_interval,
+            metrics: metrics.clone(),
+        };
+        tasks.spawn(monitor.run(shutdown.clone()));
+        Ok(Listener { shutdown, tasks, stats, metrics, ready })
     }
 
     /// Whether every group member has received its first assignment: the
@@ -208,6 +230,12 @@ impl Listener {
     /// A handle on [`is_ready`](Self::is_ready) that outlives borrows of the listener.
     pub fn readiness(&self) -> Readiness {
         self.ready.clone()
+    }
+
+    /// Registers the listener's Prometheus metrics (see the crate's
+    /// `metrics` documentation for names and labels) in `registry`.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.metrics.register(registry);
     }
 
     /// The listener's counters.

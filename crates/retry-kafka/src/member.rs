@@ -166,6 +166,7 @@ impl<H: RecordHandler> Member<H> {
                 }
             };
             bump(&self.shared.stats.rebalances);
+            self.shared.metrics.rebalanced(&self.group_id);
             if !joined_once {
                 joined_once = true;
                 self.shared.members_joined.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -254,6 +255,7 @@ impl<H: RecordHandler> Member<H> {
             config.commit_interval,
             config.commit_batch,
             self.shared.stats.clone(),
+            self.shared.metrics.clone(),
         );
         let signals = StopSignals { stop: CancellationToken::new(), abandon: CancellationToken::new() };
         let mut workers = JoinSet::new();

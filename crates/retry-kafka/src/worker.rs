@@ -15,6 +15,7 @@ use crate::{
     commit::CommitTracker,
     fallback::{fetch_decoded, is_undecodable, Fetched},
     listener::{OffsetReset, Shared},
+    metrics::Outcome,
     publisher::Outgoing,
     stats::bump,
     ConsumedRecord, RecordHandler, TopicPartition,
@@ -114,12 +115,13 @@ impl<H: RecordHandler> Worker<H> {
                     match self.reset_position(&client, &why).await {
                         Some(new) => {
                             bump(&self.shared.stats.offset_resets);
+                            self.shared.metrics.offset_reset(&topic);
                             offset = new;
                         }
                         None => return,
                     }
                 }
-                Ok((records, _high_watermark)) => {
+                Ok((records, high_watermark)) => {
                     backoff = Duration::from_millis(100);
                     if records.is_empty() {
                         if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2 {
@@ -135,11 +137,13 @@ impl<H: RecordHandler> Worker<H> {
                     if !self.process_batch(records, &mut offset).await {
                         return;
                     }
+                    self.shared.metrics.lag(&topic, partition, high_watermark - offset);
                 }
                 Err(ClientError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. }) => {
                     match self.reset_position(&client, &format!("offset {offset} is out of range")).await {
                         Some(new) => {
                             bump(&self.shared.stats.offset_resets);
+                            self.shared.metrics.offset_reset(&topic);
                             offset = new;
                         }
                         None => return,
@@ -319,6 +323,7 @@ impl<H: RecordHandler> Worker<H> {
         let (target, headers, dead_letter) = match decision {
             Decision::Commit => {
                 bump(&shared.stats.succeeded);
+                shared.metrics.record_done(topic, Outcome::Success, 1);
                 return Processed::Done;
             }
             Decision::Retry { topic: target, due_at, headers } => {
@@ -355,6 +360,9 @@ impl<H: RecordHandler> Worker<H> {
                 Ok(()) => break,
                 Err(e) => {
                     bump(&shared.stats.publish_failures);
+                    if let Some(first) = outbox.records.first() {
+                        shared.metrics.publish_failed(&first.topic);
+                    }
                     tracing::warn!(error = %e, left = outbox.records.len(), retry_in_ms = backoff.as_millis() as u64, "publish failed; the partition waits");
                     tokio::select! {
                         _ = self.signals.abandon.cancelled() => return false,
@@ -366,6 +374,8 @@ impl<H: RecordHandler> Worker<H> {
         }
         shared.stats.retried.fetch_add(outbox.retries, std::sync::atomic::Ordering::Relaxed);
         shared.stats.dead_lettered.fetch_add(outbox.dead_letters, std::sync::atomic::Ordering::Relaxed);
+        shared.metrics.record_done(&self.tp.0, Outcome::Retry, outbox.retries);
+        shared.metrics.record_done(&self.tp.0, Outcome::DeadLetter, outbox.dead_letters);
         *outbox = Outbox::default();
         self.tracker.done(&self.tp, next_offset);
         true
@@ -377,7 +387,10 @@ impl<H: RecordHandler> Worker<H> {
         let handler = self.shared.handler.clone();
         let mut task = tokio::spawn(async move { handler.handle(record).await });
         let timeout = self.shared.config.handler_timeout;
-        match tokio::time::timeout(timeout, &mut task).await {
+        let started = tokio::time::Instant::now();
+        let result = tokio::time::timeout(timeout, &mut task).await;
+        self.shared.metrics.handler_took(&self.tp.0, started.elapsed());
+        match result {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(join_error)) => {
                 bump(&self.shared.stats.handler_panics);
