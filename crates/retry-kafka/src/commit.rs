@@ -9,7 +9,6 @@
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use tokio::sync::Notify;
@@ -19,7 +18,7 @@ use crate::{
     group::GroupClient,
     metrics::Metrics,
     stats::{bump, ListenerStats},
-    ConnectionConfig, TopicPartition,
+    ListenerConfig, TopicPartition,
 };
 
 /// Where workers report finished offsets.
@@ -70,19 +69,20 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
+    /// Starts committing for `member_id` of generation `generation_id` of
+    /// `group_id`, every `config.commit_interval` or `config.commit_batch` records.
     pub(crate) fn start(
-        config: ConnectionConfig,
+        config: &ListenerConfig,
         group_id: &str,
         generation_id: i32,
         member_id: String,
-        interval: Duration,
-        batch_size: usize,
         stats: Arc<ListenerStats>,
         metrics: Metrics,
     ) -> Self {
-        let tracker = Arc::new(CommitTracker::new(batch_size));
+        let interval = config.commit_interval;
+        let tracker = Arc::new(CommitTracker::new(config.commit_batch));
         let stop = CancellationToken::new();
-        let mut client = GroupClient::new(config, group_id);
+        let mut client = GroupClient::new(config.connection.clone(), group_id);
         let task = {
             let tracker = tracker.clone();
             let stop = stop.clone();

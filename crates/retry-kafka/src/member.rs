@@ -248,12 +248,10 @@ impl<H: RecordHandler> Member<H> {
     ) -> End {
         let config = &self.shared.config;
         let committer = Committer::start(
-            config.connection.clone(),
+            config,
             &self.group_id,
             generation_id,
             member_id.to_owned(),
-            config.commit_interval,
-            config.commit_batch,
             self.shared.stats.clone(),
             self.shared.metrics.clone(),
         );
