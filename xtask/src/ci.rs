@@ -86,10 +86,26 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     // Advisories need the advisory database from the network: not checked here.
     run(Command::new(deny).current_dir(&root).args(["check", "bans", "licenses", "sources"]))?;
     run(cargo_in_root().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
+    alert_rules()?;
     run(cargo_in_root().args(["test", "--workspace"]))?;
     integration(&[])?;
     eprintln!("ci: all checks passed");
     Ok(())
+}
+
+/// Checks the Prometheus alert rules and runs their unit tests with promtool.
+fn alert_rules() -> anyhow::Result<()> {
+    let dir = workspace_root().join("docker").join("prometheus");
+    let promtool = |args: &[&str]| {
+        let mut cmd = Command::new("promtool");
+        cmd.current_dir(&dir).args(args);
+        run(&mut cmd).context(
+            "promtool is needed for the alert rules: install Debian's `prometheus` package \
+             (`.ci/run` does), or Prometheus' release archive",
+        )
+    };
+    promtool(&["check", "rules", "alerts.yml"])?;
+    promtool(&["test", "rules", "alerts.test.yml"])
 }
 
 /// The cargo-deny release CI uses; its cache entry is keyed by it.
