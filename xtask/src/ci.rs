@@ -105,6 +105,7 @@ fn alert_rules() -> anyhow::Result<()> {
         )
     };
     promtool(&["check", "rules", "alerts.yml"])?;
+    promtool(&["check", "config", "prometheus.yml"])?;
     promtool(&["test", "rules", "alerts.test.yml"])
 }
 
