@@ -14,7 +14,8 @@
 //! - [`RetryTopology`]: the topic names derived from a source topic and a schedule.
 //! - [`RetryHeaders`]: the `x-retry-*`/`x-original-*` headers carried along the ladder.
 //! - [`HandlerError`], [`FailureKind`], [`classify_http_status`]: what is worth retrying.
-//! - [`RetryPolicy`]: the decision function, and the due time of a retry record.
+//! - [`RetryPolicy`]: the decision function, the due time of a retry record,
+//!   and the headers of a record that operators replay from the dead-letter topic.
 //!
 //! ```
 //! use retry_core::{
@@ -49,6 +50,7 @@ mod decision;
 mod error;
 mod failure;
 mod headers;
+mod replay;
 mod schedule;
 mod time;
 mod topic;
@@ -57,6 +59,7 @@ pub use decision::{Decision, PolicyConfig, RecordMeta, RetryPolicy, Stage};
 pub use error::{Error, HeaderProblem, Result};
 pub use failure::{classify_http_status, FailureKind, HandlerError};
 pub use headers::{header_names, DeadLetterReason, Headers, RetryHeaders, MAX_ERROR_BYTES};
+pub use replay::{ReplayRefused, ReplayTarget};
 pub use schedule::{parse_duration, RetrySchedule, Rung, MAX_DELAY, MAX_RUNGS};
 pub use time::Timestamp;
 pub use topic::{RetryTopology, TopicName, MAX_TOPIC_NAME_BYTES};
