@@ -3,6 +3,7 @@
 
 mod billing;
 mod broker_path;
+mod dead_letters;
 mod group;
 mod interop;
 mod ladder;

@@ -42,6 +42,7 @@
 
 mod assignor;
 mod commit;
+mod dead_letters;
 mod dlq;
 mod error;
 mod fallback;
@@ -59,6 +60,7 @@ mod worker;
 
 use std::time::Duration;
 
+pub use dead_letters::{DeadLetter, DeadLetterAdmin, DeadLetterStatus, PartitionStatus, ReplayReport, ReplayRequest};
 pub use error::{Error, Result};
 pub use group::TopicPartition;
 pub use handler::{ConsumedRecord, RecordHandler};
