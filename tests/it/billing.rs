@@ -68,6 +68,11 @@ impl Setup {
 
     /// Starts the service against `provider`, waiting until /readyz says so.
     async fn start(&self, provider: &FakeProvider) -> Service {
+        self.start_with(provider, &[]).await
+    }
+
+    /// The same, with more environment.
+    async fn start_with(&self, provider: &FakeProvider, env: &[(&str, &str)]) -> Service {
         let admin = free_addr();
         let log = std::env::temp_dir().join(format!("{}-{}.log", self.topic, Uuid::new_v4()));
         let mut cmd = self.command(&["run"]);
@@ -76,7 +81,8 @@ impl Setup {
             .env("DLQ_POLL_INTERVAL", "200ms")
             .env("ADMIN_LISTEN", &admin)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
+            .stderr(std::fs::File::create(&log).unwrap())
+            .envs(env.iter().copied());
         let child = cmd.spawn().expect("billing-bin starts");
         let service = Service { child, admin, log };
         let started = Instant::now();
@@ -384,4 +390,174 @@ async fn metrics_count_outcomes_and_the_dead_letter_backlog_follows_the_operator
     })
     .await;
     service.stop().await;
+}
+
+const TOKEN: &str = "operators-secret-0123456789";
+
+/// A request to the operators' API: (status, JSON body).
+async fn call(
+    service: &Service,
+    method: reqwest::Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> (u16, serde_json::Value) {
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let mut request = client.request(method, format!("http://{}{path}", service.admin));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.header("content-type", "application/json").body(body);
+    }
+    let response = within("an admin call", request.send()).await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+}
+
+#[tokio::test]
+async fn operators_replay_and_acknowledge_dead_letters_through_the_guarded_api() {
+    use reqwest::Method;
+    let setup = Setup::new("billing-operators");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let (declined, declined_json) = event(r#""30.00""#);
+    let (dropped, dropped_json) = event(r#""40.00""#);
+    provider.script(&declined.to_string(), Script::Reject);
+    provider.script(&dropped.to_string(), Script::Reject);
+    let service = setup.start_with(&provider, &[("ADMIN_TOKEN", TOKEN)]).await;
+    produce(&setup.topic, 0, &declined.to_string(), &declined_json, &[]).await;
+    produce(&setup.topic, 0, &dropped.to_string(), &dropped_json, &[]).await;
+    eventually("two dead letters", SETTLE, || async { (dead_letters(&setup).await.len() == 2).then_some(()) }).await;
+
+    let dlq = setup.dlq();
+    let source_target = format!("/admin/dlq/{dlq}/replay?target_topic={}", setup.topic);
+    let routes = [
+        (Method::GET, "/admin/dlq".to_owned()),
+        (Method::GET, format!("/admin/dlq/{dlq}/messages?partition=0")),
+        (Method::POST, source_target.clone()),
+        (Method::POST, format!("/admin/dlq/{dlq}/ack")),
+        (Method::GET, "/admin/openapi.json".to_owned()),
+    ];
+    for (method, path) in &routes {
+        assert_eq!(call(&service, method.clone(), path, None, None).await.0, 401, "{method} {path} without a token");
+        let wrong = call(&service, method.clone(), path, Some("operators-secret-0123456780"), None).await.0;
+        assert_eq!(wrong, 401, "{method} {path} with a wrong token");
+        assert_eq!(call(&service, method.clone(), path, Some("short"), None).await.0, 401, "{method} {path}");
+    }
+    let (status, openapi) = call(&service, Method::GET, "/admin/openapi.json", Some(TOKEN), None).await;
+    assert_eq!(status, 200);
+    for path in ["/admin/dlq", "/admin/dlq/{topic}/messages", "/admin/dlq/{topic}/replay", "/admin/dlq/{topic}/ack"] {
+        assert!(openapi["paths"][path].is_object(), "{path} is not described");
+    }
+
+    let (status, listing) = call(&service, Method::GET, "/admin/dlq", Some(TOKEN), None).await;
+    assert_eq!(status, 200, "{listing}");
+    assert_eq!(listing["topics"][0]["topic"], dlq.as_str());
+    assert_eq!(listing["topics"][0]["backlog"], 2);
+    let partition = dead_partition(&setup).await;
+    let (status, page) = call(
+        &service,
+        Method::GET,
+        &format!("/admin/dlq/{dlq}/messages?partition={partition}&limit=10"),
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let messages = page["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0]["key"]["text"], declined.to_string().as_str());
+    assert_eq!(messages[0]["retry"]["reason"], "permanent-failure");
+    assert_eq!(messages[0]["retry"]["original_topic"], setup.topic.as_str());
+    assert!(messages[0]["payload"]["text"].as_str().unwrap().contains(&declined.to_string()));
+
+    // Garbage, and targets outside the service's ladder.
+    let bad: Vec<(Method, String, Option<String>, u16)> = vec![
+        (Method::GET, format!("/admin/dlq/{dlq}/messages?partition=abc"), None, 400),
+        (Method::GET, format!("/admin/dlq/{dlq}/messages?partition=0&limit=1000"), None, 400),
+        (Method::GET, format!("/admin/dlq/{dlq}/messages?partition=0&offset=-1"), None, 400),
+        (Method::GET, format!("/admin/dlq/{dlq}/messages?partition=99"), None, 404),
+        (Method::GET, "/admin/dlq/elsewhere.dlq/messages?partition=0".to_owned(), None, 404),
+        (Method::POST, format!("/admin/dlq/{dlq}/replay?target_topic={}.retry-400ms", setup.topic), None, 400),
+        (Method::POST, format!("/admin/dlq/{dlq}/replay?target_topic=payments"), None, 400),
+        (Method::POST, format!("/admin/dlq/{dlq}/replay"), None, 400),
+        (Method::POST, source_target.clone(), Some("{not json".to_owned()), 400),
+        (Method::POST, source_target.clone(), Some(r#"{"dry_run": true, "surprise": 1}"#.to_owned()), 400),
+        (Method::POST, source_target.clone(), Some(format!(r#"{{"keys": ["{}"]}}"#, "k".repeat(100_000))), 413),
+        (Method::POST, format!("/admin/dlq/{dlq}/ack"), Some(r#"{"partition": 0}"#.to_owned()), 400),
+        (
+            Method::POST,
+            format!("/admin/dlq/{dlq}/ack"),
+            Some(format!(r#"{{"partition": {partition}, "up_to_offset": 99}}"#)),
+            400,
+        ),
+        (
+            Method::POST,
+            "/admin/dlq/elsewhere.dlq/ack".to_owned(),
+            Some(r#"{"partition": 0, "up_to_offset": 0}"#.to_owned()),
+            404,
+        ),
+    ];
+    for (method, path, body, expected) in bad {
+        let (status, answer) = call(&service, method.clone(), &path, Some(TOKEN), body).await;
+        assert_eq!(status, expected, "{method} {path}: {answer}");
+    }
+
+    // The provider accepts the declined order now: replay it, not the other one.
+    provider.script(&declined.to_string(), Script::FailTimes { times: 0 });
+    let only_declined = Some(format!(r#"{{"keys": ["{declined}"], "dry_run": true}}"#));
+    let (status, dry) = call(&service, Method::POST, &source_target, Some(TOKEN), only_declined).await;
+    assert_eq!((status, dry["replayed"].as_u64()), (200, Some(1)), "{dry}");
+    let backlog = format!(r#"kafka_retry_dlq_backlog{{topic="{dlq}"}}"#);
+    eventually("a backlog of two", SETTLE, || async { (service.metric(&backlog).await == Some(2.0)).then_some(()) })
+        .await;
+    let only_declined = Some(format!(r#"{{"keys": ["{declined}"]}}"#));
+    let (status, done) = call(&service, Method::POST, &source_target, Some(TOKEN), only_declined.clone()).await;
+    assert_eq!((status, done["replayed"].as_u64()), (200, Some(1)), "{done}");
+    eventually("the declined order charged", SETTLE, || async {
+        (provider.charges_for(&declined.to_string()).len() == 1).then_some(())
+    })
+    .await;
+    let (_, again) = call(&service, Method::POST, &source_target, Some(TOKEN), only_declined).await;
+    assert_eq!(again["replayed"].as_u64(), Some(0), "a second replay replays nothing: {again}");
+
+    // The other one is dropped by hand: acknowledged, not replayed.
+    let ack = format!(r#"{{"partition": {partition}, "up_to_offset": 1}}"#);
+    let (status, acked) = call(&service, Method::POST, &format!("/admin/dlq/{dlq}/ack"), Some(TOKEN), Some(ack)).await;
+    assert_eq!((status, acked["acknowledged_offset"].as_i64()), (200, Some(2)), "{acked}");
+    eventually("the backlog gauge at zero", SETTLE, || async {
+        (service.metric(&backlog).await == Some(0.0)).then_some(())
+    })
+    .await;
+    service.stop().await;
+    assert!(provider.charges_for(&dropped.to_string()).is_empty());
+    assert_eq!(provider.charges_for(&declined.to_string()).len(), 1);
+}
+
+#[tokio::test]
+async fn the_operators_api_is_off_without_a_token() {
+    let setup = Setup::new("billing-no-admin");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let service = setup.start(&provider).await;
+    let (status, _) = call(&service, reqwest::Method::GET, "/admin/dlq", Some(TOKEN), None).await;
+    assert_eq!(status, 404);
+    service.stop().await;
+    let (code, _, stderr) =
+        setup.run(&["run"], &[("BILLING_PROVIDER_URL", "http://127.0.0.1:9"), ("ADMIN_TOKEN", "too-short")]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("ADMIN_TOKEN must be at least 16 characters"), "{stderr}");
+}
+
+/// The partition of the dead-letter topic that holds the records (the
+/// tests produce to one source partition).
+async fn dead_partition(setup: &Setup) -> i32 {
+    for p in 0..2 {
+        if !read_partition(&setup.dlq(), p).await.is_empty() {
+            return p;
+        }
+    }
+    panic!("no dead letters")
 }

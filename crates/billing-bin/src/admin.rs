@@ -43,20 +43,28 @@ impl Admin {
     }
 }
 
-/// Binds `addr` and serves in the background.
-pub(crate) async fn serve(addr: SocketAddr) -> std::io::Result<Admin> {
+/// Binds `addr` and serves in the background; with `operators`, also the
+/// operators' API under `/admin`.
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    operators: Option<Arc<crate::operators::Operators>>,
+) -> std::io::Result<Admin> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on ADMIN_LISTEN={addr}: {e}")))?;
     let addr = listener.local_addr()?;
     let ready: Arc<OnceLock<Running>> = Arc::default();
-    let app = Router::new()
+    let mut app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(ready.clone());
+    if let Some(operators) = operators {
+        app = app.merge(crate::operators::routes(operators));
+    }
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         let serve = axum::serve(listener, app).with_graceful_shutdown(async {
             let _ = stopped.await;
         });

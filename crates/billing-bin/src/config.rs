@@ -88,12 +88,23 @@ pub(crate) struct RunArgs {
     /// Where /healthz, /readyz and /metrics are served.
     #[arg(long, env = "ADMIN_LISTEN", default_value = "127.0.0.1:8080")]
     pub(crate) admin_listen: SocketAddr,
+    /// Enables the operators' API under /admin (off when unset); at least 16 characters.
+    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
+    pub(crate) admin_token: Option<String>,
     /// How often the dead-letter backlog gauge is measured.
     #[arg(long, env = "DLQ_POLL_INTERVAL", default_value = "15s", value_parser = parse_duration)]
     pub(crate) dlq_poll_interval: Duration,
 }
 
 impl RunArgs {
+    pub(crate) fn admin_token(&self) -> Result<Option<String>, Failure> {
+        match self.admin_token.as_deref() {
+            None | Some("") => Ok(None),
+            Some(t) if t.len() < 16 => Err(Failure::Config("ADMIN_TOKEN must be at least 16 characters".into())),
+            Some(t) => Ok(Some(t.to_owned())),
+        }
+    }
+
     pub(crate) fn provider(&self) -> Result<billing::ProviderConfig, Failure> {
         let url = self.provider_url.as_deref().filter(|u| !u.trim().is_empty()).ok_or_else(|| {
             Failure::Config("BILLING_PROVIDER_URL (or --provider-url) is required, e.g. http://127.0.0.1:9000".into())

@@ -14,6 +14,8 @@
 
 mod admin;
 mod config;
+mod openapi;
+mod operators;
 
 use std::{process::ExitCode, sync::Arc};
 
@@ -84,12 +86,24 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let topology = topology(kafka)?;
     let handler = billing::ChargeHandler::new(provider).map_err(|e| Failure::Config(e.to_string()))?;
 
+    let policy = RetryPolicy::new(topology, Default::default());
+    let operators = match args.admin_token()? {
+        Some(token) => {
+            let group =
+                retry_kafka::ListenerConfig::new(connection.clone(), &args.group_id, policy.clone()).operators_group();
+            let admin = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &group).await?;
+            Some(Arc::new(operators::Operators { token, policy: policy.clone(), admin, replaying: Default::default() }))
+        }
+        None => {
+            info!("ADMIN_TOKEN is not set: the operators' API (/admin) is off");
+            None
+        }
+    };
     // Health first, so an orchestrator sees the process while it connects.
-    let admin = admin::serve(args.admin_listen).await.map_err(|e| Failure::Runtime(e.to_string()))?;
+    let admin = admin::serve(args.admin_listen, operators).await.map_err(|e| Failure::Runtime(e.to_string()))?;
     info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");
 
-    let mut config =
-        retry_kafka::ListenerConfig::new(connection, &args.group_id, RetryPolicy::new(topology, Default::default()));
+    let mut config = retry_kafka::ListenerConfig::new(connection, &args.group_id, policy);
     config.handler_timeout = args.provider_timeout + args.provider_timeout / 2;
     config.dlq_poll_interval = args.dlq_poll_interval;
     let groups = config.groups();
