@@ -531,6 +531,25 @@ async fn operators_replay_and_acknowledge_dead_letters_through_the_guarded_api()
         (service.metric(&backlog).await == Some(0.0)).then_some(())
     })
     .await;
+
+    // The same API from a terminal.
+    let url = format!("http://{}", service.admin);
+    let cli = [("ADMIN_URL", url.as_str()), ("ADMIN_TOKEN", TOKEN)];
+    let (code, stdout, stderr) = setup.run(&["dlq", "list"], &cli).await;
+    assert_eq!(code, 0, "{stderr}");
+    let listing: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(listing["topics"][0]["backlog"], 0);
+    let (code, stdout, stderr) = setup.run(&["dlq", "show", "--partition", &partition.to_string()], &cli).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["messages"].as_array().unwrap().len(), 2);
+    let (code, stdout, stderr) = setup.run(&["dlq", "replay", "--dry-run"], &cli).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["replayed"], 0);
+    let wrong = [("ADMIN_URL", url.as_str()), ("ADMIN_TOKEN", "operators-secret-wrong-token")];
+    let (code, _, stderr) = setup.run(&["dlq", "list"], &wrong).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("401"), "{stderr}");
+
     service.stop().await;
     assert!(provider.charges_for(&dropped.to_string()).is_empty());
     assert_eq!(provider.charges_for(&declined.to_string()).len(), 1);

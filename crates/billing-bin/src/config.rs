@@ -38,6 +38,72 @@ pub(crate) enum Command {
         #[command(subcommand)]
         action: TopicsAction,
     },
+    /// Look at, replay or acknowledge dead letters, through a running service's operators' API.
+    Dlq(DlqArgs),
+}
+
+/// Where the running service's operators' API is.
+#[derive(Args)]
+pub(crate) struct DlqArgs {
+    /// The service's admin endpoint.
+    #[arg(long, env = "ADMIN_URL", default_value = "http://127.0.0.1:8080")]
+    pub(crate) admin_url: String,
+    /// The service's ADMIN_TOKEN.
+    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
+    pub(crate) admin_token: Option<String>,
+    #[command(subcommand)]
+    pub(crate) action: DlqAction,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum DlqAction {
+    /// The dead-letter topics with their backlog.
+    List,
+    /// One page of dead-lettered records.
+    Show {
+        /// The partition.
+        #[arg(long)]
+        partition: i32,
+        /// The first offset.
+        #[arg(long, default_value_t = 0)]
+        offset: i64,
+        /// How many records (at most 100).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Replay records into the source topic or its first retry topic.
+    Replay {
+        /// The source topic or the first retry topic (default: the source topic).
+        #[arg(long)]
+        target_topic: Option<String>,
+        /// Report what would be replayed, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Replay at most this many records.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Only this partition.
+        #[arg(long)]
+        partition: Option<i32>,
+        /// Only these offsets (repeatable).
+        #[arg(long = "offset")]
+        offsets: Vec<i64>,
+        /// Only records with these keys (repeatable).
+        #[arg(long = "key")]
+        keys: Vec<String>,
+        /// Replay records even if replayed too often already.
+        #[arg(long)]
+        override_loop_guard: bool,
+    },
+    /// Acknowledge records without replaying them.
+    Ack {
+        /// The partition.
+        #[arg(long)]
+        partition: i32,
+        /// The last offset to acknowledge (inclusive).
+        #[arg(long)]
+        up_to_offset: i64,
+    },
 }
 
 #[derive(Subcommand)]

@@ -7,6 +7,7 @@
 //! billing-bin [run]          consume orders.confirmed and its retry rungs, charge, serve /healthz and /readyz
 //! billing-bin topics create  create the topics of the ladder (never auto-created)
 //! billing-bin topics verify  check that they exist with enough partitions
+//! billing-bin dlq list|show|replay|ack   the operators' API of a running service
 //! ```
 //!
 //! Exit codes: 0 after a clean shutdown (SIGTERM, SIGINT), 1 when the service
@@ -14,6 +15,7 @@
 
 mod admin;
 mod config;
+mod dlq_cli;
 mod openapi;
 mod operators;
 
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
             Some(Command::Run(args)) => run(&cli.kafka, &args).await,
             Some(Command::Topics { action: TopicsAction::Create(args) }) => create_topics(&cli.kafka, &args).await,
             Some(Command::Topics { action: TopicsAction::Verify }) => verify_topics(&cli.kafka).await,
+            Some(Command::Dlq(args)) => dlq_cli::run(&cli.kafka, &args).await,
         }
     });
     match result {
