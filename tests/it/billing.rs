@@ -523,8 +523,15 @@ async fn operators_replay_and_acknowledge_dead_letters_through_the_guarded_api()
     let (_, again) = call(&service, Method::POST, &source_target, Some(TOKEN), only_declined).await;
     assert_eq!(again["replayed"].as_u64(), Some(0), "a second replay replays nothing: {again}");
 
-    // The other one is dropped by hand: acknowledged, not replayed.
-    let ack = format!(r#"{{"partition": {partition}, "up_to_offset": 1}}"#);
+    // The other one is dropped by hand: acknowledged, not replayed. Offsets
+    // must follow on from the operators' position (1 now).
+    let gap = format!(r#"{{"partition": {partition}, "offsets": [3]}}"#);
+    let (status, _) = call(&service, Method::POST, &format!("/admin/dlq/{dlq}/ack"), Some(TOKEN), Some(gap)).await;
+    assert_eq!(status, 400);
+    let both = format!(r#"{{"partition": {partition}, "offsets": [1], "up_to_offset": 1}}"#);
+    let (status, _) = call(&service, Method::POST, &format!("/admin/dlq/{dlq}/ack"), Some(TOKEN), Some(both)).await;
+    assert_eq!(status, 400);
+    let ack = format!(r#"{{"partition": {partition}, "offsets": [0, 1]}}"#);
     let (status, acked) = call(&service, Method::POST, &format!("/admin/dlq/{dlq}/ack"), Some(TOKEN), Some(ack)).await;
     assert_eq!((status, acked["acknowledged_offset"].as_i64()), (200, Some(2)), "{acked}");
     eventually("the backlog gauge at zero", SETTLE, || async {

@@ -93,8 +93,12 @@ pub(crate) fn document() -> Value {
                     "skipped": {"type": "array", "items": {"type": "object"}},
                     "covered": {"type": "array", "items": {"type": "object"}}
                 }},
-                "AckBody": {"type": "object", "additionalProperties": false, "required": ["partition", "up_to_offset"], "properties": {
-                    "partition": {"type": "integer", "minimum": 0}, "up_to_offset": {"type": "integer", "minimum": 0}
+                "AckBody": {"type": "object", "additionalProperties": false, "required": ["partition"],
+                    "description": "either up_to_offset, or offsets that follow on from the operators' position",
+                    "properties": {
+                        "partition": {"type": "integer", "minimum": 0},
+                        "up_to_offset": {"type": "integer", "minimum": 0},
+                        "offsets": {"type": "array", "items": {"type": "integer", "minimum": 0}}
                 }}
             }
         }

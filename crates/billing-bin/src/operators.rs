@@ -276,11 +276,15 @@ async fn replay(
     }))
 }
 
+/// Either `up_to_offset` (every record up to it), or `offsets` (these
+/// records; they must follow on from the operators' position, since the
+/// group keeps one position per partition).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AckBody {
     partition: i32,
-    up_to_offset: i64,
+    up_to_offset: Option<i64>,
+    offsets: Option<Vec<i64>>,
 }
 
 async fn ack(
@@ -292,22 +296,36 @@ async fn ack(
 ) -> Result<Json<Value>, Problem> {
     check_topic(&ops, &topic)?;
     let Json(body) = body.map_err(|e| bad_request(e.body_text()))?;
-    if body.up_to_offset < 0 {
-        return Err(bad_request("up_to_offset must not be negative"));
-    }
     let status = ops.admin.status().await?;
     let Some(p) = status.partitions.iter().find(|p| p.partition == body.partition) else {
         return Err(Problem(StatusCode::NOT_FOUND, format!("{topic} has no partition {}", body.partition)));
     };
-    if body.up_to_offset >= p.end {
-        return Err(bad_request(format!(
-            "up_to_offset {} is past the end of the partition ({})",
-            body.up_to_offset, p.end
-        )));
+    let up_to = match (body.up_to_offset, body.offsets) {
+        (Some(up_to), None) => up_to,
+        (None, Some(mut offsets)) if !offsets.is_empty() => {
+            offsets.sort_unstable();
+            offsets.dedup();
+            let start = p.acknowledged.unwrap_or(p.earliest).max(p.earliest);
+            let mut position = start;
+            for offset in offsets.iter().copied().filter(|o| *o >= start) {
+                if offset != position {
+                    return Err(bad_request(format!(
+                        "offset {offset} does not follow on from the operators' position {position}: \
+                         acknowledge or replay the records before it first"
+                    )));
+                }
+                position += 1;
+            }
+            position - 1
+        }
+        _ => return Err(bad_request("give either up_to_offset or a non-empty list of offsets")),
+    };
+    if up_to < 0 || up_to >= p.end {
+        return Err(bad_request(format!("offset {up_to} is outside the partition (0 to {})", p.end - 1)));
     }
-    let position = ops.admin.acknowledge(body.partition, body.up_to_offset).await?;
+    let position = ops.admin.acknowledge(body.partition, up_to).await?;
     info!(target: "audit", operator = %who(&headers, peer), action = "acknowledge", %topic,
-          partition = body.partition, up_to_offset = body.up_to_offset, position);
+          partition = body.partition, up_to_offset = up_to, position);
     Ok(Json(json!({"topic": topic, "partition": body.partition, "acknowledged_offset": position})))
 }
 
