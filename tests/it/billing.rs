@@ -587,3 +587,47 @@ async fn dead_partition(setup: &Setup) -> i32 {
     }
     panic!("no dead letters")
 }
+
+#[tokio::test]
+async fn a_second_replay_while_one_runs_is_refused_with_409() {
+    use rskafka::{
+        client::partition::{Compression, UnknownTopicHandling},
+        record::Record,
+    };
+    let setup = Setup::new("billing-409");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let service = setup.start_with(&provider, &[("ADMIN_TOKEN", TOKEN)]).await;
+    // Enough dead letters, each with retry headers, that a replay takes a while.
+    let client = integration::rskafka_client().await;
+    let dlq = client.partition_client(setup.dlq(), 0, UnknownTopicHandling::Retry).await.unwrap();
+    let headers: BTreeMap<String, Vec<u8>> =
+        (0..11).map(|i| (format!("x-bulk-{i}"), b"1700000000000".to_vec())).collect();
+    let records: Vec<Record> = (0..2000)
+        .map(|i| Record {
+            key: Some(format!("k{i}").into_bytes()),
+            value: Some(b"{}".to_vec()),
+            headers: headers.clone(),
+            timestamp: chrono::TimeZone::timestamp_millis_opt(&chrono::Utc, 1_700_000_000_000).unwrap(),
+        })
+        .collect();
+    within("produce dead letters", dlq.produce(records, Compression::NoCompression)).await.unwrap();
+
+    let path = format!("/admin/dlq/{}/replay?target_topic={}", setup.dlq(), setup.topic);
+    let dry = Some(r#"{"dry_run": true}"#.to_owned());
+    // The first takes the lock on arrival, then reads 2,000 records; the
+    // second comes 100 ms later.
+    let first = call(&service, reqwest::Method::POST, &path, Some(TOKEN), dry.clone());
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        call(&service, reqwest::Method::POST, &path, Some(TOKEN), dry.clone()).await
+    };
+    let started = Instant::now();
+    let ((first_status, first_body), (second_status, second_body)) = tokio::join!(first, second);
+    eprintln!("the first replay took {:?}", started.elapsed());
+    assert_eq!(first_status, 200, "{first_body}");
+    assert_eq!(first_body["replayed"], 2000);
+    assert_eq!(second_status, 409, "{second_body}");
+    assert!(second_body["error"].as_str().unwrap().contains("already running"), "{second_body}");
+    service.stop().await;
+}
