@@ -606,7 +606,8 @@ async fn a_second_replay_while_one_runs_is_refused_with_409() {
     let records: Vec<Record> = (0..2000)
         .map(|i| Record {
             key: Some(format!("k{i}").into_bytes()),
-            value: Some(b"{}".to_vec()),
+            // The first one is not UTF-8: the API shows it as base64.
+            value: Some(if i == 0 { vec![0xff, 0xfe] } else { b"{}".to_vec() }),
             headers: headers.clone(),
             timestamp: chrono::TimeZone::timestamp_millis_opt(&chrono::Utc, 1_700_000_000_000).unwrap(),
         })
@@ -629,5 +630,10 @@ async fn a_second_replay_while_one_runs_is_refused_with_409() {
     assert_eq!(first_body["replayed"], 2000);
     assert_eq!(second_status, 409, "{second_body}");
     assert!(second_body["error"].as_str().unwrap().contains("already running"), "{second_body}");
+    let page = format!("/admin/dlq/{}/messages?partition=0&limit=1", setup.dlq());
+    let (status, page) = call(&service, reqwest::Method::GET, &page, Some(TOKEN), None).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["messages"][0]["payload"], serde_json::json!({"base64": "//4="}));
+    assert!(page["messages"][0]["retry"]["undecodable"].is_string(), "{page}");
     service.stop().await;
 }
