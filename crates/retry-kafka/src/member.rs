@@ -271,6 +271,7 @@ impl<H: RecordHandler> Member<H> {
                         let worker = Worker {
                             shared: self.shared.clone(),
                             stage: self.stage,
+                            metrics: self.shared.metrics.for_topic(&tp.0),
                             tp,
                             tracker: committer.tracker.clone(),
                             signals: signals.clone(),

@@ -44,6 +44,31 @@ fn handler_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 14))
 }
 
+/// Handles on one topic's per-record metrics.
+pub(crate) struct TopicMetrics {
+    success: Counter,
+    retry: Counter,
+    dead_letter: Counter,
+    handler_duration: Histogram,
+}
+
+impl TopicMetrics {
+    pub(crate) fn record_done(&self, outcome: Outcome, n: u64) {
+        let counter = match outcome {
+            Outcome::Success => &self.success,
+            Outcome::Retry => &self.retry,
+            Outcome::DeadLetter => &self.dead_letter,
+        };
+        if n > 0 {
+            counter.inc_by(n);
+        }
+    }
+
+    pub(crate) fn handler_took(&self, d: Duration) {
+        self.handler_duration.observe(d.as_secs_f64());
+    }
+}
+
 /// A record's outcome, as the `outcome` label says it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Outcome {
@@ -120,16 +145,20 @@ impl Metrics {
         );
     }
 
-    pub(crate) fn record_done(&self, source: &str, outcome: Outcome, n: u64) {
-        if n > 0 {
+    /// The per-record metrics of one consumed topic, looked up once, so the
+    /// record path only bumps shared atomics.
+    pub(crate) fn for_topic(&self, source: &str) -> TopicMetrics {
+        let records = |outcome: Outcome| {
             self.records
                 .get_or_create(&vec![("topic", source.to_owned()), ("outcome", outcome.label().to_owned())])
-                .inc_by(n);
+                .clone()
+        };
+        TopicMetrics {
+            success: records(Outcome::Success),
+            retry: records(Outcome::Retry),
+            dead_letter: records(Outcome::DeadLetter),
+            handler_duration: self.handler_duration.get_or_create(&topic(source)).clone(),
         }
-    }
-
-    pub(crate) fn handler_took(&self, source: &str, d: Duration) {
-        self.handler_duration.get_or_create(&topic(source)).observe(d.as_secs_f64());
     }
 
     pub(crate) fn publish_failed(&self, target: &str) {

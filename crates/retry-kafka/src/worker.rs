@@ -15,7 +15,7 @@ use crate::{
     commit::CommitTracker,
     fallback::{fetch_decoded, is_undecodable, Fetched},
     listener::{OffsetReset, Shared},
-    metrics::Outcome,
+    metrics::{Outcome, TopicMetrics},
     publisher::Outgoing,
     stats::bump,
     ConsumedRecord, RecordHandler, TopicPartition,
@@ -36,6 +36,7 @@ pub(crate) struct Worker<H> {
     pub(crate) tp: TopicPartition,
     pub(crate) tracker: Arc<CommitTracker>,
     pub(crate) signals: StopSignals,
+    pub(crate) metrics: TopicMetrics,
 }
 
 /// The most republications a worker holds before sending them.
@@ -323,7 +324,7 @@ impl<H: RecordHandler> Worker<H> {
         let (target, headers, dead_letter) = match decision {
             Decision::Commit => {
                 bump(&shared.stats.succeeded);
-                shared.metrics.record_done(topic, Outcome::Success, 1);
+                self.metrics.record_done(Outcome::Success, 1);
                 return Processed::Done;
             }
             Decision::Retry { topic: target, due_at, headers } => {
@@ -374,8 +375,8 @@ impl<H: RecordHandler> Worker<H> {
         }
         shared.stats.retried.fetch_add(outbox.retries, std::sync::atomic::Ordering::Relaxed);
         shared.stats.dead_lettered.fetch_add(outbox.dead_letters, std::sync::atomic::Ordering::Relaxed);
-        shared.metrics.record_done(&self.tp.0, Outcome::Retry, outbox.retries);
-        shared.metrics.record_done(&self.tp.0, Outcome::DeadLetter, outbox.dead_letters);
+        self.metrics.record_done(Outcome::Retry, outbox.retries);
+        self.metrics.record_done(Outcome::DeadLetter, outbox.dead_letters);
         *outbox = Outbox::default();
         self.tracker.done(&self.tp, next_offset);
         true
@@ -389,7 +390,7 @@ impl<H: RecordHandler> Worker<H> {
         let timeout = self.shared.config.handler_timeout;
         let started = tokio::time::Instant::now();
         let result = tokio::time::timeout(timeout, &mut task).await;
-        self.shared.metrics.handler_took(&self.tp.0, started.elapsed());
+        self.metrics.handler_took(started.elapsed());
         match result {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(join_error)) => {
