@@ -120,12 +120,22 @@ impl DeadLetterAdmin {
     /// operators' group `operators_group`.
     pub async fn connect(connection: ConnectionConfig, policy: RetryPolicy, operators_group: &str) -> Result<Self> {
         let client = Arc::new(connect(&connection).await?);
-        Ok(DeadLetterAdmin {
+        Ok(Self::with_client(client, connection, policy, operators_group))
+    }
+
+    /// The same on a client the caller already has (the listener's).
+    pub(crate) fn with_client(
+        client: Arc<Client>,
+        connection: ConnectionConfig,
+        policy: RetryPolicy,
+        operators_group: &str,
+    ) -> Self {
+        DeadLetterAdmin {
             publisher: Publisher::new(client.clone()),
             operators: Mutex::new(GroupClient::new(connection, operators_group)),
             client,
             policy,
-        })
+        }
     }
 
     fn topic(&self) -> &str {

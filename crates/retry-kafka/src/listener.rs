@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     dlq::BacklogMonitor, member::Member, metrics::Metrics, publisher::Publisher, stats::ListenerStats,
-    ConnectionConfig, Error, RecordHandler, Result, TopicPlan,
+    ConnectionConfig, DeadLetterAdmin, Error, RecordHandler, Result, TopicPlan,
 };
 
 /// Where to start a partition that has no committed offset, or whose
@@ -210,10 +210,12 @@ impl Listener {
             Readiness(Arc::new(move || shared.members_joined.load(std::sync::atomic::Ordering::Relaxed) >= members))
         };
         let monitor = BacklogMonitor {
-            client: shared.client.clone(),
-            connection: shared.config.connection.clone(),
-            dead_letter_topic: shared.config.policy.topology().dead_letter_topic().to_string(),
-            operators_group: shared.config.operators_group(),
+            admin: DeadLetterAdmin::with_client(
+                shared.client.clone(),
+                shared.config.connection.clone(),
+                shared.config.policy.clone(),
+                &shared.config.operators_group(),
+            ),
             interval: shared.config.dlq_poll_interval,
             metrics: metrics.clone(),
         };
