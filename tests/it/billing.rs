@@ -11,8 +11,10 @@ use std::{
 use integration::{
     broker_addr,
     fake_provider::{FakeProvider, Faults, Script},
-    unique_topic, within,
+    unique_topic, within, MockCluster,
 };
+use retry_core::RetryTopology;
+use retry_kafka::{ConnectionConfig, TopicPlan};
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
@@ -61,7 +63,15 @@ impl Setup {
         (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
     }
 
+    /// Creates the service's topics with `billing-bin topics create`, or on
+    /// the mock cluster (which has no CreateTopics) through its control channel.
     async fn create_topics(&self) {
+        if MockCluster::from_env().is_some() {
+            let topology = RetryTopology::new(&self.topic, &self.schedule.parse().unwrap()).unwrap();
+            let connection = ConnectionConfig::new(&broker_addr(), "kafka-retry-it").unwrap();
+            integration::create_plan(&TopicPlan::new(topology, 2), &connection).await;
+            return;
+        }
         let (code, stdout, stderr) = self.run(&["topics", "create", "--partitions", "2"], &[]).await;
         assert_eq!(code, 0, "topics create failed:\n{stdout}\n{stderr}");
     }
@@ -272,6 +282,18 @@ async fn a_kill_mid_stream_charges_every_event_exactly_once() {
         assert_eq!(provider.charges_for(order).len(), 1, "order {order}");
     }
     assert!(dead_letters(&setup).await.is_empty());
+}
+
+/// The mock cluster has no CreateTopics: `topics create` says which request
+/// the broker refused, and exits 1.
+#[tokio::test]
+async fn mock_only_topics_create_names_the_request_the_broker_lacks() {
+    MockCluster::get();
+    let setup = Setup::new("billing-no-create");
+    let (code, stdout, stderr) = setup.run(&["topics", "create", "--partitions", "2"], &[]).await;
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    assert!(stderr.contains("CreateTopics"), "{stderr}");
+    assert!(stderr.contains("does not support"), "{stderr}");
 }
 
 #[tokio::test]

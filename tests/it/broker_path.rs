@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{TimeZone, Utc};
-use integration::{rskafka_client, unique_topic, within};
+use integration::{create_topic, rskafka_client, unique_topic, within};
 use rskafka::{
     client::partition::{Compression, OffsetAt, UnknownTopicHandling},
     record::Record,
@@ -13,8 +13,7 @@ use rskafka::{
 async fn create_produce_and_fetch_a_record_with_headers() {
     let client = rskafka_client().await;
     let topic = unique_topic("broker-path");
-    let controller = client.controller_client().unwrap();
-    within("create_topic", controller.create_topic(&topic, 2, 1, 10_000)).await.unwrap();
+    create_topic(&topic, 2).await;
 
     let partition =
         within("partition_client", client.partition_client(&topic, 1, UnknownTopicHandling::Retry)).await.unwrap();
@@ -48,14 +47,23 @@ async fn create_produce_and_fetch_a_record_with_headers() {
     assert_eq!(within("get_offset", partition.get_offset(OffsetAt::Earliest)).await.unwrap(), 0);
 }
 
+/// rskafka's Metadata requests for named topics allow auto-creation (it
+/// sends `allow_auto_topic_creation = true`), so on a broker that
+/// auto-creates on request (the mock cluster, or Apache Kafka with its
+/// default `auto.create.topics.enable=true`) asking rskafka for a missing
+/// topic creates it. Our code therefore asks rskafka only about topics it
+/// verified through the all-topics listing, which never creates anything
+/// (`topics::verification_names_every_missing_topic` checks that on every
+/// broker). This test pins the quirk: if rskafka changes, it fails, and the
+/// precaution can be revisited.
 #[tokio::test]
-async fn topics_are_never_auto_created() {
+async fn mock_only_rskafka_metadata_for_a_missing_topic_auto_creates_it() {
+    integration::MockCluster::get();
     let client = rskafka_client().await;
     let topic = unique_topic("absent");
     let topics = within("list_topics", client.list_topics()).await.unwrap();
-    assert!(topics.iter().all(|t| t.name != topic));
-    let result = within("partition_client", client.partition_client(&topic, 0, UnknownTopicHandling::Error)).await;
-    assert!(result.is_err(), "a partition client for a topic nobody created must fail");
+    assert!(topics.iter().all(|t| t.name != topic), "listing all topics created {topic}");
+    let _ = within("partition_client", client.partition_client(&topic, 0, UnknownTopicHandling::Error)).await;
     let topics = within("list_topics", client.list_topics()).await.unwrap();
-    assert!(topics.iter().all(|t| t.name != topic), "{topic} was auto-created");
+    assert!(topics.iter().any(|t| t.name == topic), "rskafka no longer auto-creates {topic}");
 }

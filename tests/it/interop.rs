@@ -128,8 +128,7 @@ async fn rskafka_fetches_what_a_foreign_producer_wrote() {
 
 /// Creates `topic` with `partitions` partitions and returns a client for `partition`.
 async fn create_topic(client: &Client, topic: &str, partitions: i32, partition: i32) -> PartitionClient {
-    let controller = client.controller_client().unwrap();
-    within("create_topic", controller.create_topic(topic, partitions, 1, 10_000)).await.unwrap();
+    integration::create_topic(topic, partitions).await;
     within("partition_client", client.partition_client(topic, partition, UnknownTopicHandling::Retry)).await.unwrap()
 }
 

@@ -8,7 +8,7 @@ use std::{
 };
 
 use chrono::{TimeZone, Utc};
-use integration::{broker_addr, rskafka_client, unique_topic, within, BROKER_TIMEOUT};
+use integration::{broker_addr, create_plan, rskafka_client, unique_topic, within, BROKER_TIMEOUT};
 use retry_core::{HandlerError, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
 use retry_kafka::{ConnectionConfig, ConsumedRecord, ListenerConfig, RecordHandler, TopicPlan};
 use rskafka::{
@@ -39,7 +39,7 @@ impl Ladder {
         let topology = RetryTopology::new(&source, &schedule).unwrap();
         let connection = ConnectionConfig::new(&broker_addr(), "kafka-retry-it").unwrap();
         let plan = TopicPlan::new(topology.clone(), partitions);
-        within("create topics", plan.create(&connection, true)).await.unwrap();
+        create_plan(&plan, &connection).await;
         Ladder {
             connection,
             policy: RetryPolicy::new(topology, PolicyConfig::default()),

@@ -21,8 +21,8 @@ use std::{
 
 use rand::Rng;
 
-/// Where the broker is: `$KAFKA_RETRY_BROKERS` (a `host:port`, as
-/// `cargo xtask integration` sets it).
+/// Where the broker is: `$KAFKA_RETRY_BROKERS` (`host:port[,host:port...]`,
+/// as `cargo xtask integration` sets it).
 pub fn broker_addr() -> String {
     match std::env::var("KAFKA_RETRY_BROKERS") {
         Ok(addr) if !addr.is_empty() => addr,
@@ -30,6 +30,182 @@ pub fn broker_addr() -> String {
             "KAFKA_RETRY_BROKERS is not set: run the integration tests with `cargo xtask integration`, \
              or set it to the address of a running broker (`cargo xtask broker up` prints one)"
         ),
+    }
+}
+
+/// The bootstrap brokers, as a list.
+pub fn bootstrap() -> Vec<String> {
+    broker_addr().split(',').map(str::to_owned).collect()
+}
+
+/// Which implementation of Kafka the suite runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerKind {
+    /// tansu, one broker, with CreateTopics.
+    Tansu,
+    /// librdkafka's mock cluster: several brokers, fault injection, topics
+    /// created through its control channel.
+    Mock,
+    /// Anything else (Apache Kafka under Docker, a broker given by hand).
+    Other,
+}
+
+/// The broker kind: the mock when `$KAFKA_RETRY_MOCK_CONTROL` is set, else
+/// what `$KAFKA_RETRY_BROKER_KIND` says.
+pub fn broker_kind() -> BrokerKind {
+    if MockCluster::from_env().is_some() {
+        return BrokerKind::Mock;
+    }
+    match std::env::var("KAFKA_RETRY_BROKER_KIND").as_deref() {
+        Ok("tansu") => BrokerKind::Tansu,
+        _ => BrokerKind::Other,
+    }
+}
+
+/// The control channel of librdkafka's mock cluster
+/// (`interop/mock_cluster.py`), for creating topics and injecting faults.
+#[derive(Debug, Clone)]
+pub struct MockCluster {
+    control: String,
+}
+
+impl MockCluster {
+    /// The mock cluster of `$KAFKA_RETRY_MOCK_CONTROL`, if the suite runs on one.
+    pub fn from_env() -> Option<MockCluster> {
+        std::env::var("KAFKA_RETRY_MOCK_CONTROL").ok().filter(|c| !c.is_empty()).map(|control| MockCluster { control })
+    }
+
+    /// The mock cluster, for tests that only make sense on it (their names
+    /// start with `mock_only`, and `cargo xtask integration` runs them on the
+    /// mock alone).
+    pub fn get() -> MockCluster {
+        MockCluster::from_env().unwrap_or_else(|| {
+            panic!(
+                "KAFKA_RETRY_MOCK_CONTROL is not set: this test needs librdkafka's mock cluster \
+                 (`cargo xtask integration --broker mock`)"
+            )
+        })
+    }
+
+    /// Sends one control request; fails the test when the mock refuses it.
+    pub async fn call(&self, request: serde_json::Value) -> serde_json::Value {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let exchange = async {
+            let mut stream = tokio::net::TcpStream::connect(&self.control).await?;
+            let mut line = request.to_string();
+            line.push('\n');
+            stream.write_all(line.as_bytes()).await?;
+            let mut answer = String::new();
+            BufReader::new(stream).read_line(&mut answer).await?;
+            Ok::<_, std::io::Error>(answer)
+        };
+        let answer = match within("a mock cluster control request", exchange).await {
+            Ok(answer) => answer,
+            Err(e) => panic!("the mock cluster's control channel at {} failed: {e}", self.control),
+        };
+        let answer: serde_json::Value =
+            serde_json::from_str(&answer).unwrap_or_else(|e| panic!("bad control answer {answer:?}: {e}"));
+        if answer["ok"] != true {
+            panic!("the mock cluster refused {request}: {}", answer["error"]);
+        }
+        answer
+    }
+
+    /// How many brokers the cluster has (ids 1..=n).
+    pub fn brokers(&self) -> i32 {
+        bootstrap().len() as i32
+    }
+
+    /// Creates `topic` with a replica on every broker (up to three).
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        let replication = self.brokers().min(3);
+        self.call(serde_json::json!({"op": "create_topic", "topic": topic, "partitions": partitions, "replication": replication}))
+            .await;
+    }
+
+    /// Makes `broker` the leader of `topic`/`partition`.
+    pub async fn set_leader(&self, topic: &str, partition: i32, broker: i32) {
+        self.call(serde_json::json!({"op": "set_leader", "topic": topic, "partition": partition, "broker": broker}))
+            .await;
+    }
+
+    /// Makes the followers of `topic`/`partition` report these watermarks
+    /// (-1: follow the leader's), as a lagging replica does.
+    pub async fn set_follower_wmarks(&self, topic: &str, partition: i32, lo: i64, hi: i64) {
+        self.call(serde_json::json!({"op": "set_follower_wmarks", "topic": topic, "partition": partition, "lo": lo, "hi": hi}))
+            .await;
+    }
+
+    /// Takes `broker` down: its connections close and it accepts none.
+    pub async fn broker_down(&self, broker: i32) {
+        self.call(serde_json::json!({"op": "broker_down", "broker": broker})).await;
+    }
+
+    /// Brings `broker` back up, on the same port.
+    pub async fn broker_up(&self, broker: i32) {
+        self.call(serde_json::json!({"op": "broker_up", "broker": broker})).await;
+    }
+
+    /// Delays every answer of `broker` by `rtt`.
+    pub async fn set_rtt(&self, broker: i32, rtt: Duration) {
+        self.call(serde_json::json!({"op": "set_rtt", "broker": broker, "rtt_ms": rtt.as_millis() as i64})).await;
+    }
+
+    /// Makes `broker` the coordinator of consumer group `group`.
+    pub async fn set_group_coordinator(&self, group: &str, broker: i32) {
+        self.call(serde_json::json!({"op": "set_coordinator", "key_type": "group", "key": group, "broker": broker}))
+            .await;
+    }
+
+    /// Answers the next requests of `api_key` (on any broker) with `errors`,
+    /// one each.
+    pub async fn push_request_errors(&self, api_key: i16, errors: &[i16]) {
+        self.call(serde_json::json!({"op": "push_request_errors", "api_key": api_key, "errors": errors})).await;
+    }
+
+    /// Answers the next requests of `api_key` on `broker` with `errors`,
+    /// each after its delay.
+    pub async fn push_broker_errors(&self, broker: i32, api_key: i16, errors: &[(i16, Duration)]) {
+        let errors: Vec<(i16, i64)> = errors.iter().map(|(code, rtt)| (*code, rtt.as_millis() as i64)).collect();
+        self.call(
+            serde_json::json!({"op": "push_broker_errors", "broker": broker, "api_key": api_key, "errors": errors}),
+        )
+        .await;
+    }
+
+    /// Drops the errors still queued for `api_key`.
+    pub async fn clear_request_errors(&self, api_key: i16) {
+        self.call(serde_json::json!({"op": "clear_request_errors", "api_key": api_key})).await;
+    }
+}
+
+/// Creates `topic` with `partitions` partitions: through CreateTopics, or on
+/// the mock cluster (which lacks it) through its control channel.
+pub async fn create_topic(topic: &str, partitions: i32) {
+    match MockCluster::from_env() {
+        Some(mock) => mock.create_topic(topic, partitions).await,
+        None => {
+            let client = rskafka_client().await;
+            let controller = client.controller_client().expect("a controller client");
+            within("create_topic", controller.create_topic(topic, partitions, 1, 10_000))
+                .await
+                .unwrap_or_else(|e| panic!("cannot create {topic}: {e}"));
+        }
+    }
+}
+
+/// Creates every topic of `plan` (the source too): [`retry_kafka::TopicPlan::create`],
+/// or on the mock cluster, its control channel.
+pub async fn create_plan(plan: &retry_kafka::TopicPlan, connection: &retry_kafka::ConnectionConfig) {
+    match MockCluster::from_env() {
+        Some(mock) => {
+            for spec in plan.specs() {
+                mock.create_topic(&spec.name, spec.partitions).await;
+            }
+        }
+        None => {
+            within("create topics", plan.create(connection, true)).await.expect("create the plan's topics");
+        }
     }
 }
 
@@ -45,7 +221,7 @@ pub const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 /// An rskafka client connected to the test broker, within [`BROKER_TIMEOUT`].
 pub async fn rskafka_client() -> rskafka::client::Client {
     let addr = broker_addr();
-    let build = rskafka::client::ClientBuilder::new(vec![addr.clone()]).client_id("kafka-retry-it").build();
+    let build = rskafka::client::ClientBuilder::new(bootstrap()).client_id("kafka-retry-it").build();
     match tokio::time::timeout(BROKER_TIMEOUT, build).await {
         Ok(Ok(client)) => client,
         Ok(Err(e)) => panic!("cannot connect to the broker at {addr}: {e}"),

@@ -1,5 +1,7 @@
-//! The test broker: tansu (a Kafka-compatible broker in Rust) on loopback,
-//! or Apache Kafka under Docker where a Docker engine exists.
+//! The test brokers: tansu (a Kafka-compatible broker in Rust) on loopback;
+//! librdkafka's mock cluster (several brokers with fault injection, from the
+//! interop venv's confluent-kafka wheel); or Apache Kafka under Docker where
+//! a Docker engine exists.
 
 use std::{
     fmt::Write as _,
@@ -31,10 +33,17 @@ pub(crate) enum Action {
     /// Start the broker (installing tansu on first use) and wait until it answers.
     Up {
         /// Run Apache Kafka with `docker compose` (needs a Docker engine) instead of tansu.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "mock")]
         docker: bool,
+        /// Run librdkafka's mock cluster (several brokers, fault injection, no
+        /// CreateTopics) instead of tansu; it also prints its control address.
+        #[arg(long)]
+        mock: bool,
+        /// How many brokers the mock cluster has.
+        #[arg(long, default_value_t = 3, requires = "mock")]
+        brokers: u8,
         /// Port for tansu to listen on (default: a free ephemeral port).
-        #[arg(long, conflicts_with = "docker")]
+        #[arg(long, conflicts_with_all = ["docker", "mock"])]
         port: Option<u16>,
     },
     /// Stop the broker that `up` started and delete its data.
@@ -45,19 +54,26 @@ pub(crate) enum Action {
 
 pub(crate) fn run(action: Action) -> anyhow::Result<()> {
     match action {
-        Action::Up { docker, port } => {
+        Action::Up { docker, mock, brokers, port } => {
             if let Some(broker) = Broker::load()? {
                 if broker.answers() {
                     println!("broker already running at {} ({})", broker.addr, broker.describe());
-                    println!("KAFKA_RETRY_BROKERS={}", broker.addr);
+                    broker.print_env();
                     return Ok(());
                 }
                 eprintln!("a stale broker record was found; cleaning it up");
                 broker.stop()?;
             }
-            let broker = if docker { Broker::start_docker()? } else { Broker::start_tansu(port)? };
+            let broker = if docker {
+                Broker::start_docker()?
+            } else if mock {
+                Broker::start_mock(brokers)?
+            } else {
+                Broker::start_tansu(port)?
+            };
+            broker.save()?;
             println!("broker running at {} ({})", broker.addr, broker.describe());
-            println!("KAFKA_RETRY_BROKERS={}", broker.addr);
+            broker.print_env();
             Ok(())
         }
         Action::Down => match Broker::load()? {
@@ -88,21 +104,38 @@ pub(crate) fn run(action: Action) -> anyhow::Result<()> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+/// Which implementation of Kafka a broker is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Kind {
+    /// tansu, one broker.
     Tansu,
+    /// librdkafka's mock cluster: several brokers, fault injection.
+    Mock,
+    /// Apache Kafka under docker compose.
     Docker,
+}
+
+impl Kind {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Tansu => "tansu",
+            Kind::Mock => "mock",
+            Kind::Docker => "docker",
+        }
+    }
 }
 
 /// A broker that `up` started, as recorded in the state file.
 #[derive(Debug)]
 pub(crate) struct Broker {
-    kind: Kind,
-    /// `host:port` for clients.
+    pub(crate) kind: Kind,
+    /// `host:port[,host:port...]` for clients.
     pub(crate) addr: String,
-    /// tansu's pid, which also leads its process group.
+    /// The mock cluster's control channel (`host:port`), for fault injection.
+    pub(crate) control: Option<String>,
+    /// The broker process' pid, which also leads its process group.
     pid: Option<u32>,
-    /// tansu's temporary storage and log.
+    /// Its temporary storage and log.
     data_dir: Option<PathBuf>,
 }
 
@@ -128,21 +161,22 @@ impl Broker {
         };
         let kind = match field("kind").as_deref() {
             Some("tansu") => Kind::Tansu,
+            Some("mock") => Kind::Mock,
             Some("docker") => Kind::Docker,
             other => bail!("{} is corrupt (kind {other:?}): delete it", path.display()),
         };
         let addr = field("addr").with_context(|| format!("{} has no addr: delete it", path.display()))?;
         let pid = field("pid").map(|p| p.parse()).transpose().context("corrupt pid in the broker state")?;
-        Ok(Some(Broker { kind, addr, pid, data_dir: field("data_dir").map(PathBuf::from) }))
+        Ok(Some(Broker { kind, addr, control: field("control"), pid, data_dir: field("data_dir").map(PathBuf::from) }))
     }
 
+    /// Records this broker for later `status`, `down` and test runs.
     fn save(&self) -> anyhow::Result<()> {
         let mut text = String::new();
-        let kind = match self.kind {
-            Kind::Tansu => "tansu",
-            Kind::Docker => "docker",
-        };
-        writeln!(text, "kind={kind}\naddr={}", self.addr)?;
+        writeln!(text, "kind={}\naddr={}", self.kind.name(), self.addr)?;
+        if let Some(control) = &self.control {
+            writeln!(text, "control={control}")?;
+        }
         if let Some(pid) = self.pid {
             writeln!(text, "pid={pid}")?;
         }
@@ -153,17 +187,35 @@ impl Broker {
         fs::write(state_file(), text).context("cannot record the broker")
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (self.kind, self.pid) {
             (Kind::Tansu, Some(pid)) => format!("tansu {TANSU_VERSION}, pid {pid}"),
             (Kind::Tansu, None) => format!("tansu {TANSU_VERSION}"),
+            (Kind::Mock, pid) => {
+                let brokers = self.addr.split(',').count();
+                let pid = pid.map(|p| format!(", pid {p}")).unwrap_or_default();
+                format!("librdkafka mock cluster, {brokers} brokers{pid}, control at {}", self.control_or_none())
+            }
             (Kind::Docker, _) => "Apache Kafka under docker compose".to_owned(),
         }
     }
 
-    /// Whether the broker answers a Metadata request now.
+    fn control_or_none(&self) -> &str {
+        self.control.as_deref().unwrap_or("<none>")
+    }
+
+    /// The environment a client of this broker needs, one `NAME=value` a line.
+    fn print_env(&self) {
+        println!("{}={}", crate::ci::BROKERS_ENV, self.addr);
+        if let Some(control) = &self.control {
+            println!("{}={control}", crate::ci::MOCK_CONTROL_ENV);
+        }
+    }
+
+    /// Whether the broker answers a Metadata request now (the mock cluster:
+    /// its first broker, which fault injection may take down, so any of them).
     pub(crate) fn answers(&self) -> bool {
-        probe_metadata(&self.addr).is_ok()
+        self.addr.split(',').any(|addr| probe_metadata(addr).is_ok())
     }
 
     /// Starts tansu on loopback with fresh storage and waits until it answers.
@@ -196,8 +248,7 @@ impl Broker {
             // aimed at `cargo xtask broker up` does not reach it.
             .process_group(0);
         let mut child = cmd.spawn().with_context(|| format!("cannot start {}", process::show(&cmd)))?;
-        let broker = Broker { kind: Kind::Tansu, addr, pid: Some(child.id()), data_dir: Some(data_dir) };
-        broker.save()?;
+        let broker = Broker { kind: Kind::Tansu, addr, control: None, pid: Some(child.id()), data_dir: Some(data_dir) };
         let started = Instant::now();
         loop {
             if let Some(status) = child.try_wait()? {
@@ -220,6 +271,58 @@ impl Broker {
         }
     }
 
+    /// Starts librdkafka's mock cluster with `brokers` brokers
+    /// (`tests/interop/mock_cluster.py`, with the interop venv's python) and
+    /// waits until it answers.
+    pub(crate) fn start_mock(brokers: u8) -> anyhow::Result<Broker> {
+        let python = crate::python::interop_python()?;
+        let script = workspace_root().join("tests").join("interop").join("mock_cluster.py");
+        let data_dir = std::env::temp_dir().join(format!("kafka-retry-mock-{}-{}", std::process::id(), free_port()?));
+        fs::create_dir_all(&data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+        let out_path = data_dir.join("mock.out");
+        let log_path = data_dir.join("mock.log");
+        let mut cmd = Command::new(&python);
+        cmd.arg(&script)
+            .args(["--brokers", &brokers.to_string()])
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&out_path)?)
+            .stderr(fs::File::create(&log_path)?)
+            .process_group(0);
+        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", process::show(&cmd)))?;
+        let mut broker = Broker {
+            kind: Kind::Mock,
+            addr: String::new(),
+            control: None,
+            pid: Some(child.id()),
+            data_dir: Some(data_dir),
+        };
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                let tail = process::tail(&log_path, 30);
+                let _ = broker.stop();
+                bail!("the mock cluster exited ({status}) before it was ready; its log ends with:\n{tail}");
+            }
+            let out = fs::read_to_string(&out_path).unwrap_or_default();
+            let value = |name: &str| {
+                out.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('='))).map(str::to_owned)
+            };
+            if let (Some(addr), Some(control)) = (value(crate::ci::BROKERS_ENV), value(crate::ci::MOCK_CONTROL_ENV)) {
+                broker.addr = addr;
+                broker.control = Some(control);
+                if broker.answers() {
+                    return Ok(broker);
+                }
+            }
+            if started.elapsed() > START_TIMEOUT {
+                let tail = process::tail(&log_path, 30);
+                let _ = broker.stop();
+                bail!("the mock cluster was not ready within {START_TIMEOUT:?}; its log ends with:\n{tail}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Starts Apache Kafka from `docker/compose.yaml` and waits until it answers.
     fn start_docker() -> anyhow::Result<Broker> {
         let engine = Command::new("docker").arg("info").stdout(Stdio::null()).stderr(Stdio::null()).status();
@@ -232,8 +335,8 @@ impl Broker {
         process::run(
             Command::new("docker").arg("compose").arg("-f").arg(compose_file()).args(["up", "-d", "--wait", "kafka"]),
         )?;
-        let broker = Broker { kind: Kind::Docker, addr: "127.0.0.1:9092".to_owned(), pid: None, data_dir: None };
-        broker.save()?;
+        let broker =
+            Broker { kind: Kind::Docker, addr: "127.0.0.1:9092".to_owned(), control: None, pid: None, data_dir: None };
         if !process::wait_until(START_TIMEOUT, || broker.answers()) {
             bail!("Kafka did not answer on {} within {START_TIMEOUT:?}: see `docker compose logs kafka`", broker.addr);
         }
@@ -243,14 +346,15 @@ impl Broker {
     /// Stops the broker, deletes its data and forgets it.
     pub(crate) fn stop(&self) -> anyhow::Result<()> {
         match self.kind {
-            Kind::Tansu => {
+            Kind::Tansu | Kind::Mock => {
+                let program = if self.kind == Kind::Tansu { "tansu" } else { "mock_cluster" };
                 if let Some(pid) = self.pid {
-                    // Only signal the pid if it is still tansu, not a recycled pid.
-                    if process::is_alive(pid) && process::cmdline(pid).is_some_and(|c| c.contains("tansu")) {
+                    // Only signal the pid if it is still ours, not a recycled pid.
+                    if process::is_alive(pid) && process::cmdline(pid).is_some_and(|c| c.contains(program)) {
                         process::stop_group(pid, Duration::from_secs(10));
                     }
                     if process::is_alive(pid) {
-                        bail!("tansu (pid {pid}) is still running after SIGKILL");
+                        bail!("{program} (pid {pid}) is still running after SIGKILL");
                     }
                 }
                 if let Some(dir) = &self.data_dir {
@@ -260,6 +364,12 @@ impl Broker {
             Kind::Docker => {
                 process::run(Command::new("docker").arg("compose").arg("-f").arg(compose_file()).args(["down", "-v"]))?;
             }
+        }
+        // Forget it only if it is the recorded one: an ephemeral broker of a
+        // test run must not erase the record of one `up` started.
+        let recorded = Broker::load().ok().flatten().is_some_and(|b| b.addr == self.addr);
+        if !recorded {
+            return Ok(());
         }
         match fs::remove_file(state_file()) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).context("cannot forget the broker"),

@@ -5,7 +5,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 
 use crate::{
-    broker::Broker,
+    broker::{Broker, Kind},
     paths::{cargo, workspace_root},
     process::run,
 };
@@ -14,31 +14,98 @@ use crate::{
 /// Tests built with the `broker` feature fail when it is missing.
 pub(crate) const BROKERS_ENV: &str = "KAFKA_RETRY_BROKERS";
 
-/// Runs the integration tests against a broker: the one in
-/// `$KAFKA_RETRY_BROKERS`, else one `broker up` left running, else a fresh
-/// tansu that is stopped afterwards, whatever the tests' outcome.
-pub(crate) fn integration(test_args: &[String]) -> anyhow::Result<()> {
-    with_broker(|addr| run_integration_tests(addr, test_args))
+/// The environment variable that tells integration tests where the mock
+/// cluster's control channel is; set only when the broker is the mock.
+pub(crate) const MOCK_CONTROL_ENV: &str = "KAFKA_RETRY_MOCK_CONTROL";
+
+/// The environment variable that tells integration tests which
+/// implementation they run against (`tansu`, `mock`, `docker` or `external`).
+pub(crate) const BROKER_KIND_ENV: &str = "KAFKA_RETRY_BROKER_KIND";
+
+/// Which brokers `cargo xtask integration` runs the suite against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum BrokerChoice {
+    /// tansu, one broker.
+    Tansu,
+    /// librdkafka's mock cluster with three brokers.
+    Mock,
+    /// Both, one after the other.
+    All,
+}
+
+/// How many brokers the mock cluster of the integration suite has.
+const MOCK_BROKERS: u8 = 3;
+
+/// Tests whose name contains this need CreateTopics, which the mock cluster
+/// lacks (it creates topics through its own call instead); on the mock they
+/// are left out by name, and the run says so.
+const NEEDS_CREATE_TOPICS: &str = "needs_create_topics";
+
+/// Tests whose name starts with this inject faults through the mock
+/// cluster's control channel, or check what only the mock lacks; on other
+/// brokers they are left out by name, and the run says so.
+const MOCK_ONLY: &str = "mock_only";
+
+/// Runs the integration tests against `choice`: `$KAFKA_RETRY_BROKERS` if
+/// set (with `$KAFKA_RETRY_MOCK_CONTROL` for a mock cluster), else a broker
+/// of that kind that `broker up` left running, else a fresh one that is
+/// stopped afterwards, whatever the tests' outcome.
+pub(crate) fn integration(choice: BrokerChoice, test_args: &[String]) -> anyhow::Result<()> {
+    let kinds: &[Kind] = match choice {
+        BrokerChoice::Tansu => &[Kind::Tansu],
+        BrokerChoice::Mock => &[Kind::Mock],
+        BrokerChoice::All => &[Kind::Tansu, Kind::Mock],
+    };
+    for &kind in kinds {
+        eprintln!("integration: the suite against {}", kind.name());
+        with_broker_of(kind, |target| run_integration_tests(target, test_args))
+            .with_context(|| format!("the integration suite against {}", kind.name()))?;
+    }
+    Ok(())
+}
+
+/// A broker to run against.
+pub(crate) struct Target<'a> {
+    /// Which implementation it is.
+    pub(crate) kind: Kind,
+    /// Its bootstrap list.
+    pub(crate) addr: &'a str,
+    /// The mock cluster's control channel.
+    pub(crate) control: Option<&'a str>,
 }
 
 /// Runs `work` with a broker's address: `$KAFKA_RETRY_BROKERS`, else the
 /// broker `broker up` left running, else a fresh tansu that is stopped
 /// afterwards, whatever `work`'s outcome.
 pub(crate) fn with_broker(work: impl FnOnce(&str) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    with_broker_of(Kind::Tansu, |target| work(target.addr))
+}
+
+/// Like [`with_broker`], for a broker of `kind`; a running broker of
+/// another kind is left alone and a fresh one of `kind` started beside it.
+pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyhow::Result<()>) -> anyhow::Result<()> {
     if let Ok(addr) = std::env::var(BROKERS_ENV) {
+        let control = std::env::var(MOCK_CONTROL_ENV).ok();
         eprintln!("using the broker at {addr} from {BROKERS_ENV}");
-        return work(&addr);
+        let kind = if control.is_some() { Kind::Mock } else { kind };
+        return work(&Target { kind, addr: &addr, control: control.as_deref() });
     }
     if let Some(broker) = Broker::load()? {
-        if broker.answers() {
-            eprintln!("using the running broker at {} (left running)", broker.addr);
-            return work(&broker.addr);
+        let usable = broker.kind == kind || (kind == Kind::Tansu && broker.kind == Kind::Docker);
+        if usable && broker.answers() {
+            eprintln!("using the running broker at {} ({}; left running)", broker.addr, broker.describe());
+            return work(&Target { kind: broker.kind, addr: &broker.addr, control: broker.control.as_deref() });
         }
-        broker.stop()?;
+        if usable {
+            broker.stop()?;
+        }
     }
-    let broker = Broker::start_tansu(None)?;
-    eprintln!("started tansu at {}", broker.addr);
-    let result = work(&broker.addr);
+    let broker = match kind {
+        Kind::Mock => Broker::start_mock(MOCK_BROKERS)?,
+        _ => Broker::start_tansu(None)?,
+    };
+    eprintln!("started {} at {}", broker.describe(), broker.addr);
+    let result = work(&Target { kind: broker.kind, addr: &broker.addr, control: broker.control.as_deref() });
     let stopped = broker.stop();
     result?;
     stopped.context("the work succeeded, but the broker did not stop")
@@ -48,16 +115,35 @@ pub(crate) fn with_broker(work: impl FnOnce(&str) -> anyhow::Result<()>) -> anyh
 /// service binary they run end to end is.
 pub(crate) const BILLING_BIN_ENV: &str = "BILLING_BIN";
 
-fn run_integration_tests(addr: &str, test_args: &[String]) -> anyhow::Result<()> {
+fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::Result<()> {
     let python = crate::python::interop_python()?;
     let billing_bin = build_billing_bin()?;
-    run(Command::new(cargo())
-        .current_dir(workspace_root())
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(workspace_root())
         .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
         .args(test_args)
-        .env(BROKERS_ENV, addr)
+        .env(BROKERS_ENV, target.addr)
+        .env(BROKER_KIND_ENV, target.kind.name())
         .env(BILLING_BIN_ENV, billing_bin)
-        .env(crate::python::PYTHON_ENV, python))
+        .env(crate::python::PYTHON_ENV, python);
+    match target.control {
+        Some(control) => {
+            eprintln!(
+                "integration: on the mock cluster, tests named *{NEEDS_CREATE_TOPICS}* are left out: \
+                 it has no CreateTopics (they run on tansu)"
+            );
+            cmd.env(MOCK_CONTROL_ENV, control).args(["--skip", NEEDS_CREATE_TOPICS]);
+        }
+        None => {
+            eprintln!(
+                "integration: on {}, tests named *{MOCK_ONLY}* are left out: they need the mock cluster's \
+                 fault injection (they run on the mock)",
+                target.kind.name()
+            );
+            cmd.env_remove(MOCK_CONTROL_ENV).args(["--skip", MOCK_ONLY]);
+        }
+    }
+    run(&mut cmd)
 }
 
 /// Builds the service binary (debug) and returns its path.
@@ -88,7 +174,7 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     run(cargo_in_root().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
     alert_rules()?;
     run(cargo_in_root().args(["test", "--workspace"]))?;
-    integration(&[])?;
+    integration(BrokerChoice::All, &[])?;
     eprintln!("ci: all checks passed");
     Ok(())
 }

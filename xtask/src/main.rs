@@ -32,8 +32,12 @@ enum Command {
     },
     /// Start a broker, run the integration tests against it, stop it.
     ///
-    /// With KAFKA_RETRY_BROKERS set, uses that broker instead and starts none.
+    /// With KAFKA_RETRY_BROKERS set, uses that broker instead and starts none
+    /// (with KAFKA_RETRY_MOCK_CONTROL too, it is taken for the mock cluster).
     Integration {
+        /// Which brokers to run the suite against.
+        #[arg(long, value_enum, default_value = "tansu")]
+        broker: ci::BrokerChoice,
         /// Extra arguments for the test binary (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         test_args: Vec<String>,
@@ -51,7 +55,7 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Broker { action } => broker::run(action),
-        Command::Integration { test_args } => ci::integration(&test_args),
+        Command::Integration { broker, test_args } => ci::integration(broker, &test_args),
         Command::Bench(args) => bench::bench(&args),
         Command::Demo(args) => demo::demo(&args),
         Command::Ci => ci::ci(),

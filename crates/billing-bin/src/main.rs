@@ -142,7 +142,13 @@ async fn wait_for_shutdown_signal() {
 
 async fn create_topics(kafka: &KafkaArgs, args: &TopicArgs) -> Result<(), Failure> {
     let plan = TopicPlan::new(topology(kafka)?, args.partitions).with_replication_factor(args.replication_factor);
-    let outcome = plan.create(&kafka.connection()?, !args.skip_source).await?;
+    let outcome = plan.create(&kafka.connection()?, !args.skip_source).await.map_err(|e| match e {
+        KafkaError::UnsupportedVersion { .. } => Failure::Runtime(format!(
+            "{e}\ncreate the topics with the cluster's own tooling (`billing-bin topics verify` lists them), \
+             or run `billing-bin topics create` against a broker that accepts CreateTopics"
+        )),
+        other => Failure::from(other),
+    })?;
     for (topic, created) in outcome {
         match created {
             Created::Created => println!("created {topic}"),

@@ -48,7 +48,7 @@ pub enum Error {
         reason: String,
     },
     /// The broker supports no version of a request that we implement.
-    #[error("the broker at {addr} does not support {api} versions {ours_min}..={ours_max} (it has {theirs:?})")]
+    #[error("the broker at {addr} does not support {api}{}", describe_support(*ours_min, *ours_max, theirs))]
     UnsupportedVersion {
         /// The broker.
         addr: String,
@@ -111,5 +111,13 @@ impl Error {
             }
             _ => false,
         }
+    }
+}
+
+/// How a broker's support of a request falls short, for messages.
+fn describe_support(ours_min: i16, ours_max: i16, theirs: &Option<(i16, i16)>) -> String {
+    match theirs {
+        None => " at all (it is not among the requests the broker lists)".to_owned(),
+        Some((min, max)) => format!(" versions {ours_min}..={ours_max} (it has {min}..={max})"),
     }
 }

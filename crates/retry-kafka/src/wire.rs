@@ -8,9 +8,9 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::{
-    messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader},
+    messages::{ApiKey, ApiVersionsRequest, RequestHeader, ResponseHeader},
     protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes, VersionRange},
 };
 use tokio::{
@@ -27,18 +27,30 @@ const MAX_RESPONSE_BYTES: usize = 128 << 20;
 /// The highest version of each request that this crate fills in correctly.
 /// Newer versions change semantics (batched coordinators and offset fetches,
 /// KIP-848 member epochs), so we negotiate up to these and no further.
-fn highest_implemented(key: ApiKey) -> i16 {
+///
+/// The classic group requests stop at their last non-flexible version
+/// (JoinGroup 5, SyncGroup 3, Heartbeat 3, LeaveGroup 3): these carry all we
+/// use, static membership (KIP-345) included, every broker from Kafka 2.3 to
+/// 4.x serves them, and they are the versions the most deployed client
+/// (librdkafka) speaks, so brokers whose flexible encodings are less
+/// travelled still understand us. librdkafka's mock cluster, for one,
+/// advertises JoinGroup v6 but reads its protocol list as a fixed-width
+/// array and drops the connection.
+pub(crate) fn highest_implemented(key: ApiKey) -> i16 {
     match key {
         ApiKey::ApiVersions => 3,
         ApiKey::FindCoordinator => 3,
-        ApiKey::JoinGroup => 7,
-        ApiKey::SyncGroup => 5,
-        ApiKey::Heartbeat => 4,
-        ApiKey::LeaveGroup => 4,
+        ApiKey::JoinGroup => 5,
+        ApiKey::SyncGroup => 3,
+        ApiKey::Heartbeat => 3,
+        ApiKey::LeaveGroup => 3,
         ApiKey::OffsetCommit => 8,
         ApiKey::OffsetFetch => 7,
         ApiKey::CreateTopics => 7,
-        ApiKey::Metadata => 12,
+        // The last non-flexible version: it has leaders and broker
+        // addresses, all we read, and librdkafka's mock cluster appends a
+        // stray byte to its flexible Metadata answers.
+        ApiKey::Metadata => 8,
         // v12+ are flexible versions, and some brokers put tagged fields in
         // their responses that decoders reject; v11 has everything we read.
         ApiKey::Fetch => 11,
@@ -105,11 +117,20 @@ impl Connection {
         let request = ApiVersionsRequest::default()
             .with_client_software_name(StrBytes::from_static_str("kafka-retry"))
             .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
-        // v3 first; a broker that lacks it answers in v0 with its own range.
-        let mut response: ApiVersionsResponse = conn.send_version(&request, 3).await?;
-        if response.error_code == 35 {
-            response = conn.send_version(&request, 0).await?;
-        }
+        // Our highest version first. A broker that lacks it answers (KIP-511)
+        // UNSUPPORTED_VERSION in the v0 layout, whatever version was asked,
+        // listing the ApiVersions range it has; ask again within that range.
+        let ours = highest_implemented(ApiKey::ApiVersions);
+        let body = conn.exchange_raw::<ApiVersionsRequest>(&request, ours, timeout).await?;
+        let response = match api_versions_fallback(&body) {
+            None => conn.decode_exact::<ApiVersionsRequest>(body, ours)?,
+            Some(their_max) => {
+                let version = ours.min(their_max).max(0);
+                tracing::debug!(addr, version, "the broker lacks ApiVersions v{ours}; asking in v{version}");
+                let body = conn.exchange_raw::<ApiVersionsRequest>(&request, version, timeout).await?;
+                conn.decode_exact::<ApiVersionsRequest>(body, version)?
+            }
+        };
         if let Some(error) = kafka_protocol::ResponseError::try_from_code(response.error_code) {
             return Err(Error::Broker { api: "ApiVersions", context: None, error });
         }
@@ -159,11 +180,14 @@ impl Connection {
         Ok((self.exchange(request, version, timeout).await?, version))
     }
 
-    async fn send_version<R: Request>(&mut self, request: &R, version: i16) -> Result<R::Response> {
-        self.exchange(request, version, self.timeout).await
+    async fn exchange<R: Request>(&mut self, request: &R, version: i16, timeout: Duration) -> Result<R::Response> {
+        let body = self.exchange_raw(request, version, timeout).await?;
+        self.decode_exact::<R>(body, version)
     }
 
-    async fn exchange<R: Request>(&mut self, request: &R, version: i16, timeout: Duration) -> Result<R::Response> {
+    /// Sends `request` at `version` and returns the response's body, after
+    /// its header (whose correlation id is checked).
+    async fn exchange_raw<R: Request>(&mut self, request: &R, version: i16, timeout: Duration) -> Result<Bytes> {
         let api = api_name::<R>();
         let correlation_id = self.next_correlation_id;
         self.next_correlation_id = self.next_correlation_id.wrapping_add(1);
@@ -198,7 +222,7 @@ impl Connection {
             Err(_) => return Err(Error::Timeout { addr: self.addr.clone(), api, timeout }),
         };
 
-        let mut buf = bytes::Bytes::from(body);
+        let mut buf = Bytes::from(body);
         let response_header = ResponseHeader::decode(&mut buf, R::Response::header_version(version))
             .map_err(|e| self.protocol_error::<R>(format!("cannot decode the response header: {e}")))?;
         if response_header.correlation_id != correlation_id {
@@ -207,10 +231,20 @@ impl Connection {
                 response_header.correlation_id
             )));
         }
-        let response = R::Response::decode(&mut buf, version)
-            .map_err(|e| self.protocol_error::<R>(format!("cannot decode the response: {e}")))?;
-        if buf.has_remaining() {
-            tracing::debug!(api, remaining = buf.remaining(), "ignoring trailing bytes after a response");
+        Ok(buf)
+    }
+
+    /// Decodes a response body of `version`, which must be consumed exactly:
+    /// bytes left over mean the broker and we disagree on the layout, and
+    /// whatever was decoded cannot be trusted.
+    fn decode_exact<R: Request>(&self, mut body: Bytes, version: i16) -> Result<R::Response> {
+        let response = R::Response::decode(&mut body, version)
+            .map_err(|e| self.protocol_error::<R>(format!("cannot decode the v{version} response: {e}")))?;
+        if body.has_remaining() {
+            return Err(self.protocol_error::<R>(format!(
+                "{} bytes left over after the v{version} response: the broker and this client disagree on its layout",
+                body.remaining()
+            )));
         }
         Ok(response)
     }
@@ -218,6 +252,34 @@ impl Connection {
     fn protocol_error<R: Request>(&self, reason: String) -> Error {
         Error::Protocol { addr: self.addr.clone(), api: api_name::<R>(), reason }
     }
+}
+
+/// The error code of UNSUPPORTED_VERSION.
+const UNSUPPORTED_VERSION: i16 = 35;
+
+/// If `body` is an ApiVersions answer of UNSUPPORTED_VERSION, the highest
+/// ApiVersions version the broker lists in it (0 when it lists none).
+///
+/// Such an answer has the v0 layout whatever version was asked (KIP-511):
+/// error code, then an array of (key, min, max). Some brokers append a
+/// throttle time after it, so trailing bytes are allowed here, and only here.
+fn api_versions_fallback(body: &[u8]) -> Option<i16> {
+    let mut buf = body;
+    if buf.len() < 2 || buf.get_i16() != UNSUPPORTED_VERSION {
+        return None;
+    }
+    let count = if buf.remaining() >= 4 { buf.get_i32() } else { 0 };
+    let api_versions_key = ApiKey::ApiVersions as i16;
+    for _ in 0..count.max(0) {
+        if buf.remaining() < 6 {
+            break;
+        }
+        let (key, _min, max) = (buf.get_i16(), buf.get_i16(), buf.get_i16());
+        if key == api_versions_key {
+            return Some(max);
+        }
+    }
+    Some(0)
 }
 
 /// Turns a response error code into a result.
@@ -231,4 +293,60 @@ pub(crate) fn check(api: &'static str, context: impl FnOnce() -> String, code: i
 /// A `StrBytes` from any string.
 pub(crate) fn str_bytes(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use kafka_protocol::messages::{HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest};
+
+    use super::*;
+
+    #[track_caller]
+    fn check_fallback(body: &[u8], expected: Option<i16>) {
+        assert_eq!(api_versions_fallback(body), expected, "body {body:02x?}");
+    }
+
+    #[test]
+    fn api_versions_fallback_reads_the_v0_layout() {
+        let key = (ApiKey::ApiVersions as i16).to_be_bytes();
+        let entry = |k: [u8; 2], max: i16| [&k[..], &0i16.to_be_bytes(), &max.to_be_bytes()].concat();
+        let body = |error: i16, entries: &[Vec<u8>], trailer: &[u8]| {
+            let mut b = error.to_be_bytes().to_vec();
+            b.extend((entries.len() as i32).to_be_bytes());
+            entries.iter().for_each(|e| b.extend(e));
+            b.extend(trailer);
+            b
+        };
+        // An answer without error is decoded as asked, not through the fallback.
+        check_fallback(&body(0, &[entry(key, 3)], &[]), None);
+        // Kafka's answer: v0 layout, only ApiVersions listed.
+        check_fallback(&body(35, &[entry(key, 2)], &[]), Some(2));
+        // librdkafka's mock: v0 layout plus a throttle time.
+        check_fallback(&body(35, &[entry(key, 2)], &[0, 0, 0, 0]), Some(2));
+        // ApiVersions among other keys.
+        check_fallback(&body(35, &[entry(0i16.to_be_bytes(), 9), entry(key, 1)], &[]), Some(1));
+        // Nothing listed, or a truncated answer: ask in v0.
+        check_fallback(&body(35, &[], &[]), Some(0));
+        check_fallback(&35i16.to_be_bytes(), Some(0));
+        check_fallback(&[0], None);
+    }
+
+    /// The group requests stay below their first flexible version, so a
+    /// broker that misreads the flexible encodings still understands them.
+    #[test]
+    fn group_requests_are_negotiated_below_their_flexible_versions() {
+        #[track_caller]
+        fn check<R: Request>(expected_highest: i16) {
+            let key = ApiKey::try_from(R::KEY).unwrap();
+            let highest = highest_implemented(key);
+            assert_eq!(highest, expected_highest, "{}", api_name::<R>());
+            assert!(R::VERSIONS.min <= highest && highest <= R::VERSIONS.max, "{}", api_name::<R>());
+            // Request header v2 is the flexible one.
+            assert_eq!(R::header_version(highest), 1, "{} v{highest} is flexible", api_name::<R>());
+        }
+        check::<JoinGroupRequest>(5);
+        check::<SyncGroupRequest>(3);
+        check::<HeartbeatRequest>(3);
+        check::<LeaveGroupRequest>(3);
+    }
 }
