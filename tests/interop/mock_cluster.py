@@ -32,6 +32,11 @@ is one object with an "op" and its arguments, each answer one object,
     push_request_errors api_key, errors (error codes for the next requests of
                         that api, on any broker)
     push_broker_errors  broker, api_key, errors ([code, rtt_ms] pairs)
+    push_partition_errors topic, partition, api_key, errors (for requests
+                        about that partition only)
+    push_leader_response topic, partition, leader, epoch (what the next
+                        Metadata answer names as the partition's leader,
+                        whoever leads it)
     clear_request_errors api_key
     topic_set_error     topic, error
     set_apiversion      api_key, min, max
@@ -104,6 +109,16 @@ def load_librdkafka():
     lib.rd_kafka_mock_topic_set_error.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
     # Variadic: (mcluster, broker_id, api_key, count, code, rtt, code, rtt, ...).
     lib.rd_kafka_mock_broker_push_request_error_rtts.restype = ctypes.c_int
+    # Variadic: (mcluster, topic, partition, api_key, count, code, code, ...).
+    lib.rd_kafka_mock_partition_push_request_errors.restype = ctypes.c_int
+    lib.rd_kafka_mock_partition_push_leader_response.restype = ctypes.c_int
+    lib.rd_kafka_mock_partition_push_leader_response.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_int32,
+        ctypes.c_int32,
+    ]
     return lib
 
 
@@ -193,6 +208,24 @@ class Cluster:
                     *flat,
                 )
                 self.check(code, "pushing broker errors")
+                return {}
+            if op == "push_partition_errors":
+                errors = [ctypes.c_int(code) for code in req["errors"]]
+                code = lib.rd_kafka_mock_partition_push_request_errors(
+                    ctypes.c_void_p(mc),
+                    ctypes.c_char_p(enc("topic")),
+                    ctypes.c_int32(req["partition"]),
+                    ctypes.c_int16(req["api_key"]),
+                    ctypes.c_size_t(len(errors)),
+                    *errors,
+                )
+                self.check(code, "pushing partition errors")
+                return {}
+            if op == "push_leader_response":
+                code = lib.rd_kafka_mock_partition_push_leader_response(
+                    mc, enc("topic"), req["partition"], req["leader"], req["epoch"]
+                )
+                self.check(code, "pushing a leader response")
                 return {}
             if op == "clear_request_errors":
                 lib.rd_kafka_mock_clear_request_errors(mc, req["api_key"])

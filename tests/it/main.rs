@@ -4,6 +4,7 @@
 mod billing;
 mod broker_path;
 mod dead_letters;
+mod faults;
 mod group;
 mod interop;
 mod ladder;

@@ -73,19 +73,34 @@ impl Ladder {
     }
 }
 
-/// Produces one record and returns its offset.
+/// Produces one record and returns its offset. A failed attempt (a leader
+/// that moved under fault injection) refreshes the client's metadata and
+/// tries again, within [`BROKER_TIMEOUT`].
 pub(crate) async fn produce(topic: &str, partition: i32, key: &str, value: &str, headers: &[(&str, &[u8])]) -> i64 {
     let client = rskafka_client().await;
-    let pc = within("partition client", client.partition_client(topic, partition, UnknownTopicHandling::Retry))
-        .await
-        .unwrap();
     let record = Record {
         key: Some(key.as_bytes().to_vec()),
         value: Some(value.as_bytes().to_vec()),
         headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect(),
         timestamp: Utc.timestamp_millis_opt(chrono_now_millis()).unwrap(),
     };
-    within("produce", pc.produce(vec![record], Compression::NoCompression)).await.unwrap()[0]
+    let attempt = || async {
+        let pc = client.partition_client(topic, partition, UnknownTopicHandling::Retry).await?;
+        pc.produce(vec![record.clone()], Compression::NoCompression).await
+    };
+    within("produce", async {
+        loop {
+            match attempt().await {
+                Ok(offsets) => return offsets[0],
+                Err(e) => {
+                    eprintln!("producing to {topic}/{partition} failed ({e}); refreshing metadata and retrying");
+                    let _ = client.list_topics().await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+    .await
 }
 
 fn chrono_now_millis() -> i64 {
@@ -157,6 +172,8 @@ pub(crate) struct Call {
     pub(crate) partition: i32,
     pub(crate) key: String,
     pub(crate) attempt: u32,
+    /// Whether the script made it succeed.
+    pub(crate) succeeded: bool,
 }
 
 /// A handler that follows a script per record key (default: succeed) and
@@ -177,6 +194,11 @@ impl Scripted {
         self.calls.lock().unwrap().clone()
     }
 
+    /// Whether a call for `key` succeeded.
+    pub(crate) fn succeeded(&self, key: &str) -> bool {
+        self.calls.lock().unwrap().iter().any(|c| c.key == key && c.succeeded)
+    }
+
     /// The attempts seen for `key`, in order.
     pub(crate) fn attempts(&self, key: &str) -> Vec<u32> {
         self.calls().into_iter().filter(|c| c.key == key).map(|c| c.attempt).collect()
@@ -191,13 +213,14 @@ impl Scripted {
 impl RecordHandler for Scripted {
     async fn handle(&self, record: ConsumedRecord) -> Result<(), HandlerError> {
         let key = record.key.as_deref().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
+        let step = self.script.lock().unwrap().get_mut(&key).and_then(VecDeque::pop_front).unwrap_or(Step::Succeed);
         self.calls.lock().unwrap().push(Call {
             topic: record.topic.clone(),
             partition: record.partition,
             key: key.clone(),
             attempt: record.attempt,
+            succeeded: matches!(step, Step::Succeed | Step::Sleep(_)),
         });
-        let step = self.script.lock().unwrap().get_mut(&key).and_then(VecDeque::pop_front).unwrap_or(Step::Succeed);
         match step {
             Step::Succeed => Ok(()),
             Step::Transient => Err(HandlerError::transient(format!("scripted transient failure of {key}"))),

@@ -173,6 +173,26 @@ impl MockCluster {
         .await;
     }
 
+    /// Answers the next requests of `api_key` about `topic`/`partition` with
+    /// `errors`, one each.
+    pub async fn push_partition_errors(&self, topic: &str, partition: i32, api_key: i16, errors: &[i16]) {
+        self.call(serde_json::json!({"op": "push_partition_errors", "topic": topic, "partition": partition, "api_key": api_key, "errors": errors}))
+            .await;
+    }
+
+    /// Makes the next Metadata answer name `leader` as the leader of
+    /// `topic`/`partition`, whoever leads it: a client's stale view.
+    pub async fn push_leader_response(&self, topic: &str, partition: i32, leader: i32) {
+        self.call(serde_json::json!({"op": "push_leader_response", "topic": topic, "partition": partition, "leader": leader, "epoch": 0}))
+            .await;
+    }
+
+    /// Makes `broker` a follower of `topic`/`partition` that serves fetches.
+    pub async fn set_follower(&self, topic: &str, partition: i32, broker: i32) {
+        self.call(serde_json::json!({"op": "set_follower", "topic": topic, "partition": partition, "broker": broker}))
+            .await;
+    }
+
     /// Drops the errors still queued for `api_key`.
     pub async fn clear_request_errors(&self, api_key: i16) {
         self.call(serde_json::json!({"op": "clear_request_errors", "api_key": api_key})).await;
@@ -221,7 +241,16 @@ pub const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 /// An rskafka client connected to the test broker, within [`BROKER_TIMEOUT`].
 pub async fn rskafka_client() -> rskafka::client::Client {
     let addr = broker_addr();
-    let build = rskafka::client::ClientBuilder::new(bootstrap()).client_id("kafka-retry-it").build();
+    // Short retries inside rskafka: callers that face injected faults retry
+    // themselves, refreshing metadata in between.
+    let backoff = rskafka::BackoffConfig {
+        init_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(500),
+        base: 2.0,
+        deadline: Some(Duration::from_secs(5)),
+    };
+    let build =
+        rskafka::client::ClientBuilder::new(bootstrap()).client_id("kafka-retry-it").backoff_config(backoff).build();
     match tokio::time::timeout(BROKER_TIMEOUT, build).await {
         Ok(Ok(client)) => client,
         Ok(Err(e)) => panic!("cannot connect to the broker at {addr}: {e}"),

@@ -52,6 +52,7 @@ mod listener;
 mod member;
 mod metrics;
 mod offsets;
+mod position;
 mod publisher;
 mod stats;
 mod topics;

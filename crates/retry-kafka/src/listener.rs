@@ -261,14 +261,18 @@ impl Listener {
     }
 }
 
+/// How long rskafka retries one call on its own before it hands the error
+/// to our loops, which back off, refresh its metadata and decide.
+const RSKAFKA_RETRY_BUDGET: Duration = Duration::from_secs(5);
+
 /// An rskafka client whose calls give up instead of retrying forever, so
 /// our loops see errors and decide.
 pub(crate) async fn connect(config: &ConnectionConfig) -> Result<Client> {
     let backoff = rskafka::BackoffConfig {
         init_backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_secs(2),
+        max_backoff: Duration::from_secs(1),
         base: 2.0,
-        deadline: Some(config.request_timeout),
+        deadline: Some(config.request_timeout.min(RSKAFKA_RETRY_BUDGET)),
     };
     let build = ClientBuilder::new(config.bootstrap.clone())
         .client_id(config.client_id.clone())
@@ -280,5 +284,20 @@ pub(crate) async fn connect(config: &ConnectionConfig) -> Result<Client> {
         Err(_) => {
             Err(Error::Timeout { addr: config.bootstrap.join(","), api: "connect", timeout: config.request_timeout })
         }
+    }
+}
+
+/// Refreshes rskafka's cached metadata with a listing of all topics (which
+/// never auto-creates one).
+///
+/// rskafka finds a partition's leader in its metadata cache, and when the
+/// broker it names says another leads, it errs without dropping the stale
+/// entry; until something refreshes the cache, every new attempt goes to
+/// the same wrong broker. After a leader change, a refresh ends that.
+pub(crate) async fn refresh_metadata(client: &Client, timeout: Duration) {
+    match tokio::time::timeout(timeout, client.list_topics()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "refreshing metadata failed"),
+        Err(_) => tracing::debug!(?timeout, "refreshing metadata timed out"),
     }
 }

@@ -4,6 +4,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -99,7 +100,12 @@ impl Publisher {
             }
         }
         match first_error {
-            Some(e) => Err(e),
+            Some(e) => {
+                // A leader may have moved: rskafka's cached view must not
+                // send the next try to the same wrong broker.
+                crate::listener::refresh_metadata(&self.client, Duration::from_secs(5)).await;
+                Err(e)
+            }
             None => Ok(()),
         }
     }

@@ -13,6 +13,7 @@ pub struct ListenerStats {
     pub(crate) commits: AtomicU64,
     pub(crate) rebalances: AtomicU64,
     pub(crate) offset_resets: AtomicU64,
+    pub(crate) positions_kept: AtomicU64,
     pub(crate) fetch_failures: AtomicU64,
     pub(crate) fallback_fetches: AtomicU64,
     pub(crate) null_headers_dropped: AtomicU64,
@@ -39,8 +40,13 @@ pub struct StatsSnapshot {
     pub commits: u64,
     /// Completed group joins (assignments received), all groups together.
     pub rebalances: u64,
-    /// Positions reset because the committed offset was out of range.
+    /// Positions reset because they lay outside the log (below its start
+    /// or past its end, as its leader reported).
     pub offset_resets: u64,
+    /// Positions a fetch doubted (OFFSET_OUT_OF_RANGE, or nothing above the
+    /// high watermark) that the log's range confirmed, so kept: a stale
+    /// view during a leader change.
+    pub positions_kept: u64,
     /// Failed fetches (each retried with backoff).
     pub fetch_failures: u64,
     /// Batches rskafka could not decode, read through the fallback decoder.
@@ -63,6 +69,7 @@ impl ListenerStats {
             commits: self.commits.load(Relaxed),
             rebalances: self.rebalances.load(Relaxed),
             offset_resets: self.offset_resets.load(Relaxed),
+            positions_kept: self.positions_kept.load(Relaxed),
             fetch_failures: self.fetch_failures.load(Relaxed),
             fallback_fetches: self.fallback_fetches.load(Relaxed),
             null_headers_dropped: self.null_headers_dropped.load(Relaxed),

@@ -14,8 +14,9 @@ use tracing::Instrument;
 use crate::{
     commit::CommitTracker,
     fallback::{fetch_decoded, is_undecodable, Fetched},
-    listener::{OffsetReset, Shared},
+    listener::{refresh_metadata, OffsetReset, Shared},
     metrics::{Outcome, TopicMetrics},
+    position::{self, Doubt, Verdict},
     publisher::Outgoing,
     stats::bump,
     ConsumedRecord, RecordHandler, TopicPartition,
@@ -83,6 +84,7 @@ impl<H: RecordHandler> Worker<H> {
                     Err(e) => {
                         bump(&self.shared.stats.fetch_failures);
                         tracing::warn!(%topic, partition, error = %e, "cannot reach the partition; retrying");
+                        refresh_metadata(&self.shared.client, self.shared.config.connection.request_timeout).await;
                         if self.pause(Duration::from_secs(1)).await { return; }
                     }
                 }
@@ -90,10 +92,15 @@ impl<H: RecordHandler> Worker<H> {
         };
         let mut offset = match committed {
             Some(offset) => offset,
-            None => match self.reset_position(&client, "no committed offset").await {
-                Some(offset) => offset,
-                None => return,
-            },
+            None => {
+                let policy = position::start_policy(self.shared.config.offset_reset, self.stage.rung().is_some());
+                let Some(offset) = self.offset_at(&client, policy).await else { return };
+                tracing::info!(%topic, partition, offset, reset = ?policy, "no committed offset; starting from the reset position");
+                // Committed at once, so a later generation starts here
+                // instead of resolving "latest" again past what came meanwhile.
+                self.tracker.done(&self.tp, offset);
+                offset
+            }
         };
         tracing::info!(%topic, partition, offset, "partition assigned; consuming");
         let mut backoff = Duration::from_millis(100);
@@ -109,18 +116,19 @@ impl<H: RecordHandler> Worker<H> {
                 result = fetch => result,
             };
             match result {
-                Ok((records, high_watermark)) if records.is_empty() && offset > high_watermark => {
-                    // Past the end: brokers that answer this with empty fetches
-                    // instead of OFFSET_OUT_OF_RANGE would park us here forever.
-                    let why = format!("offset {offset} is past the end of the partition ({high_watermark})");
-                    match self.reset_position(&client, &why).await {
-                        Some(new) => {
-                            bump(&self.shared.stats.offset_resets);
-                            self.shared.metrics.offset_reset(&topic);
-                            offset = new;
-                        }
+                Ok((records, high_watermark)) if Doubt::of_fetch(offset, records.len(), high_watermark).is_some() => {
+                    // Some brokers answer a position past the end this way
+                    // instead of OFFSET_OUT_OF_RANGE; so does a new leader
+                    // whose high watermark still trails. Check before resetting.
+                    let doubt = Doubt::EmptyAboveHighWatermark { high_watermark };
+                    match self.check_position(&client, offset, doubt).await {
+                        Some(new) => offset = new,
                         None => return,
                     }
+                    if self.pause(backoff).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Ok((records, high_watermark)) => {
                     backoff = Duration::from_millis(100);
@@ -141,14 +149,14 @@ impl<H: RecordHandler> Worker<H> {
                     self.shared.metrics.lag(&topic, partition, high_watermark - offset);
                 }
                 Err(ClientError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. }) => {
-                    match self.reset_position(&client, &format!("offset {offset} is out of range")).await {
-                        Some(new) => {
-                            bump(&self.shared.stats.offset_resets);
-                            self.shared.metrics.offset_reset(&topic);
-                            offset = new;
-                        }
+                    match self.check_position(&client, offset, Doubt::OutOfRange).await {
+                        Some(new) => offset = new,
                         None => return,
                     }
+                    if self.pause(backoff).await {
+                        return;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) if is_undecodable(&e) => {
                     // rskafka cannot decode this batch (e.g. a null header
@@ -182,6 +190,7 @@ impl<H: RecordHandler> Worker<H> {
                 Err(e) => {
                     bump(&self.shared.stats.fetch_failures);
                     tracing::warn!(%topic, partition, offset, error = %e, "fetch failed; retrying");
+                    refresh_metadata(&self.shared.client, self.shared.config.connection.request_timeout).await;
                     if self.pause(backoff).await {
                         return;
                     }
@@ -252,28 +261,48 @@ impl<H: RecordHandler> Worker<H> {
         }
     }
 
-    /// The position the reset policy gives, said out loud: never a silent skip.
-    async fn reset_position(&self, client: &PartitionClient, why: &str) -> Option<i64> {
+    /// Checks a position a fetch doubted against the log's range as the
+    /// partition's leader reports it, and resets it, loudly and counted, only
+    /// when it lies outside (see [`position`]). The position to go on from;
+    /// `None` when stopped.
+    async fn check_position(&self, client: &PartitionClient, offset: i64, doubt: Doubt) -> Option<i64> {
         let (topic, partition) = &self.tp;
-        let at = match self.shared.config.offset_reset {
+        let log_start = self.offset_at(client, OffsetReset::Earliest).await?;
+        let log_end = self.offset_at(client, OffsetReset::Latest).await?;
+        let verdict = position::judge(offset, log_start, log_end);
+        let reset_to = match (verdict, self.shared.config.offset_reset) {
+            (Verdict::Keep, _) => {
+                bump(&self.shared.stats.positions_kept);
+                tracing::info!(%topic, partition, offset, log_start, log_end, ?doubt, "the fetch doubted a position that lies within the log (a leader change?); keeping it");
+                return Some(offset);
+            }
+            (_, OffsetReset::Earliest) => log_start,
+            (_, OffsetReset::Latest) => log_end,
+        };
+        bump(&self.shared.stats.offset_resets);
+        self.shared.metrics.offset_reset(topic);
+        tracing::warn!(%topic, partition, offset, log_start, log_end, ?doubt, ?verdict, reset = ?self.shared.config.offset_reset, to = reset_to, "the position lies outside the log (retention deleted unread records, or the log was truncated); resetting");
+        Some(reset_to)
+    }
+
+    /// The partition's earliest or latest offset, retried until it comes;
+    /// `None` when stopped.
+    async fn offset_at(&self, client: &PartitionClient, at: OffsetReset) -> Option<i64> {
+        let (topic, partition) = &self.tp;
+        let at = match at {
             OffsetReset::Earliest => OffsetAt::Earliest,
             OffsetReset::Latest => OffsetAt::Latest,
         };
+        let mut backoff = Duration::from_millis(100);
         loop {
             tokio::select! {
                 _ = self.signals.stop.cancelled() => return None,
                 result = client.get_offset(at) => match result {
-                    Ok(offset) => {
-                        if why.starts_with("no committed") {
-                            tracing::info!(%topic, partition, offset, reset = ?self.shared.config.offset_reset, "{why}; starting from the reset position");
-                        } else {
-                            tracing::warn!(%topic, partition, offset, reset = ?self.shared.config.offset_reset, "{why} (retention deleted unread records?); resetting");
-                        }
-                        return Some(offset);
-                    }
+                    Ok(offset) => return Some(offset),
                     Err(e) => {
                         tracing::warn!(%topic, partition, error = %e, "cannot read the partition's offsets; retrying");
-                        if self.pause(Duration::from_secs(1)).await { return None; }
+                        if self.pause(backoff).await { return None; }
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
                     }
                 }
             }

@@ -1,0 +1,124 @@
+//! Where a partition's consumption starts, and whether a position a fetch
+//! doubted is really gone: pure decisions, the worker does the I/O.
+//!
+//! A fetch can make a position look invalid when it is not. A new leader
+//! whose high watermark still trails the old one's answers an empty fetch
+//! with a high watermark below the position; a follower (or a broker that
+//! still believes it leads) answers OFFSET_OUT_OF_RANGE for records it has
+//! not replicated yet. Resetting then would skip or redeliver records. So a
+//! doubted position is checked against the log's range as its leader
+//! reports it (ListOffsets earliest and latest, which Kafka answers only once
+//! the new leader's high watermark caught up, KIP-207) and reset only when
+//! it lies outside: below the log start (retention deleted it) or past the
+//! log end (the log was truncated or recreated).
+
+use crate::OffsetReset;
+
+/// What a fetch said that puts the position in doubt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Doubt {
+    /// The broker answered OFFSET_OUT_OF_RANGE.
+    OutOfRange,
+    /// The broker answered no records and a high watermark below the
+    /// position (some brokers answer a position past the end this way).
+    EmptyAboveHighWatermark {
+        /// The high watermark the fetch reported.
+        high_watermark: i64,
+    },
+}
+
+impl Doubt {
+    /// What a fetch answer of `records` records and `high_watermark` at
+    /// `position` casts in doubt, if anything.
+    pub(crate) fn of_fetch(position: i64, records: usize, high_watermark: i64) -> Option<Doubt> {
+        (records == 0 && position > high_watermark).then_some(Doubt::EmptyAboveHighWatermark { high_watermark })
+    }
+}
+
+/// The verdict on a doubted position, given the log's range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// The position lies within the log: the doubt came from a stale view
+    /// (a leader change); keep it and fetch again after a pause.
+    Keep,
+    /// Retention deleted records from the position on: reset.
+    BelowLogStart {
+        /// The first offset still kept.
+        log_start: i64,
+    },
+    /// The position lies past the log's end: reset.
+    PastLogEnd {
+        /// The log's end offset.
+        log_end: i64,
+    },
+}
+
+/// Judges `position` against the log's range `[log_start, log_end]` (the
+/// end is the next offset to be written, a valid position to wait at).
+pub(crate) fn judge(position: i64, log_start: i64, log_end: i64) -> Verdict {
+    if position < log_start {
+        Verdict::BelowLogStart { log_start }
+    } else if position > log_end {
+        Verdict::PastLogEnd { log_end }
+    } else {
+        Verdict::Keep
+    }
+}
+
+/// Where a partition without a usable committed offset starts.
+///
+/// Retry rungs always start at the earliest offset, whatever the policy: a
+/// record republished to a rung before the rung's group first committed is
+/// owed its retry, and "latest" would skip it.
+pub(crate) fn start_policy(policy: OffsetReset, is_retry_rung: bool) -> OffsetReset {
+    if is_retry_rung {
+        OffsetReset::Earliest
+    } else {
+        policy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check_judge(position: i64, log_start: i64, log_end: i64, expected: Verdict) {
+        assert_eq!(judge(position, log_start, log_end), expected, "position {position} in [{log_start}, {log_end}]");
+    }
+
+    #[test]
+    fn doubted_positions() {
+        // Within the log, its end included: a stale view, keep.
+        check_judge(5, 0, 10, Verdict::Keep);
+        check_judge(0, 0, 10, Verdict::Keep);
+        check_judge(10, 0, 10, Verdict::Keep);
+        check_judge(3, 3, 3, Verdict::Keep);
+        // Retention deleted it.
+        check_judge(2, 3, 10, Verdict::BelowLogStart { log_start: 3 });
+        // The log was truncated or recreated.
+        check_judge(11, 0, 10, Verdict::PastLogEnd { log_end: 10 });
+        check_judge(50, 0, 0, Verdict::PastLogEnd { log_end: 0 });
+    }
+
+    #[track_caller]
+    fn check_doubt(position: i64, records: usize, high_watermark: i64, expected: Option<Doubt>) {
+        assert_eq!(Doubt::of_fetch(position, records, high_watermark), expected);
+    }
+
+    #[test]
+    fn fetches_that_cast_doubt() {
+        check_doubt(5, 0, 5, None); // caught up, waiting for more
+        check_doubt(5, 3, 8, None);
+        check_doubt(5, 2, 4, None); // records came: nothing to doubt
+        check_doubt(5, 0, 4, Some(Doubt::EmptyAboveHighWatermark { high_watermark: 4 }));
+    }
+
+    #[test]
+    fn retry_rungs_start_at_the_earliest_offset() {
+        assert_eq!(start_policy(OffsetReset::Latest, false), OffsetReset::Latest);
+        assert_eq!(start_policy(OffsetReset::Earliest, false), OffsetReset::Earliest);
+        assert_eq!(start_policy(OffsetReset::Latest, true), OffsetReset::Earliest);
+        assert_eq!(start_policy(OffsetReset::Earliest, true), OffsetReset::Earliest);
+    }
+}

@@ -1,0 +1,118 @@
+//! The faults a production cluster produces every week, injected into the
+//! three-broker mock cluster while records flow: leader moves, stale views
+//! of a partition, a broker outage, a moved coordinator, refused requests,
+//! requests that never answer. Nothing may be lost, nothing may wedge.
+//!
+//! Every test here needs the mock's fault injection (`mock_only`).
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use integration::MockCluster;
+
+use crate::support::{committed, eventually, produce, start_joined, Ladder, Scripted, Step, SETTLE};
+
+/// Kafka's error codes, as the mock injects them.
+mod code {
+    pub(crate) const OFFSET_OUT_OF_RANGE: i16 = 1;
+}
+
+/// Kafka's API keys.
+mod api {
+    pub(crate) const FETCH: i16 = 1;
+}
+
+/// `count` keys `<prefix>-<n>`.
+fn keys(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|n| format!("{prefix}-{n}")).collect()
+}
+
+/// Produces each key once, spread over `partitions` partitions.
+async fn produce_keys(topic: &str, partitions: i32, keys: &[String]) {
+    for (n, key) in keys.iter().enumerate() {
+        produce(topic, n as i32 % partitions, key, "{}", &[]).await;
+    }
+}
+
+/// Waits until every key was handled to the end of its script (its last
+/// call succeeded), and returns how often the source topic delivered each.
+async fn wait_all_handled(ladder: &Ladder, handler: &Scripted, keys: &[String]) -> BTreeMap<String, usize> {
+    eventually(&format!("all {} keys handled", keys.len()), SETTLE * 2, || async {
+        keys.iter().all(|k| handler.succeeded(k)).then_some(())
+    })
+    .await;
+    let mut deliveries = BTreeMap::new();
+    for call in handler.calls().into_iter().filter(|c| c.topic == ladder.source()) {
+        *deliveries.entry(call.key).or_default() += 1;
+    }
+    deliveries
+}
+
+/// Leaders of the source and retry partitions move between the three
+/// brokers while records flow, and a broker answers OFFSET_OUT_OF_RANGE for
+/// positions that are valid (as a follower or a deposed leader does before
+/// it caught up): every record is handled, from the source exactly once,
+/// and no position is reset.
+#[tokio::test]
+async fn mock_only_leader_moves_and_stale_out_of_range_answers_reset_nothing() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("leader-moves", "200ms", 2).await;
+    let wave = |n: usize| keys(&format!("w{n}"), 30);
+    // Every fifth record of each wave takes the retry rung once.
+    let script: Vec<(String, Vec<Step>)> = (0..4)
+        .flat_map(wave)
+        .enumerate()
+        .filter(|(i, _)| i % 5 == 0)
+        .map(|(_, k)| (k, vec![Step::Transient]))
+        .collect();
+    let script: Vec<(&str, &[Step])> = script.iter().map(|(k, s)| (k.as_str(), s.as_slice())).collect();
+    let handler = Scripted::new(&script);
+    let listener = start_joined(&ladder, Arc::clone(&handler)).await;
+
+    let mut all = Vec::new();
+    for n in 0..4 {
+        let keys = wave(n);
+        produce_keys(ladder.source(), 2, &keys).await;
+        all.extend(keys);
+        wait_all_handled(&ladder, &handler, &all).await;
+        match n {
+            // Leaders move round the cluster.
+            0 => {
+                mock.set_leader(ladder.source(), 0, 2).await;
+                mock.set_leader(ladder.source(), 1, 3).await;
+                mock.set_leader(ladder.retry(0), 0, 3).await;
+                mock.set_leader(ladder.retry(0), 1, 1).await;
+            }
+            // Valid positions answered OFFSET_OUT_OF_RANGE a few times.
+            1 => {
+                for partition in 0..2 {
+                    let errors = [code::OFFSET_OUT_OF_RANGE; 3];
+                    mock.push_partition_errors(ladder.source(), partition, api::FETCH, &errors).await;
+                    mock.push_partition_errors(ladder.retry(0), partition, api::FETCH, &errors).await;
+                }
+            }
+            // A follower whose watermarks trail is named leader in the next
+            // Metadata answers, while the real leader moves on.
+            2 => {
+                for partition in 0..2 {
+                    mock.set_follower(ladder.source(), partition, 1).await;
+                    mock.set_follower_wmarks(ladder.source(), partition, 0, 1).await;
+                    mock.push_leader_response(ladder.source(), partition, 1).await;
+                    mock.set_leader(ladder.source(), partition, 3 - partition).await;
+                }
+            }
+            _ => {}
+        }
+    }
+    let deliveries = wait_all_handled(&ladder, &handler, &all).await;
+    for partition in 0..2 {
+        mock.set_follower_wmarks(ladder.source(), partition, -1, -1).await;
+    }
+    let twice: Vec<_> = deliveries.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "delivered more than once from the source without any crash: {twice:?}");
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    assert_eq!(stats.offset_resets, 0, "{stats:?}");
+    assert!(stats.positions_kept >= 2, "the stale answers were not exercised: {stats:?}");
+    let source = committed(&ladder.connection, &ladder.group_id, ladder.source(), 2).await;
+    assert_eq!(source.values().map(|o| o.unwrap_or(0)).sum::<i64>(), all.len() as i64, "{source:?}");
+}
