@@ -5,7 +5,7 @@
 //!
 //! Every test here needs the mock's fault injection (`mock_only`).
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use integration::MockCluster;
 
@@ -14,11 +14,18 @@ use crate::support::{committed, eventually, produce, start_joined, Ladder, Scrip
 /// Kafka's error codes, as the mock injects them.
 mod code {
     pub(crate) const OFFSET_OUT_OF_RANGE: i16 = 1;
+    pub(crate) const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
+    pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    pub(crate) const NOT_COORDINATOR: i16 = 16;
+    pub(crate) const REBALANCE_IN_PROGRESS: i16 = 27;
 }
 
 /// Kafka's API keys.
 mod api {
     pub(crate) const FETCH: i16 = 1;
+    pub(crate) const OFFSET_COMMIT: i16 = 8;
+    pub(crate) const JOIN_GROUP: i16 = 11;
+    pub(crate) const HEARTBEAT: i16 = 12;
 }
 
 /// `count` keys `<prefix>-<n>`.
@@ -115,4 +122,95 @@ async fn mock_only_leader_moves_and_stale_out_of_range_answers_reset_nothing() {
     assert!(stats.positions_kept >= 2, "the stale answers were not exercised: {stats:?}");
     let source = committed(&ladder.connection, &ladder.group_id, ladder.source(), 2).await;
     assert_eq!(source.values().map(|o| o.unwrap_or(0)).sum::<i64>(), all.len() as i64, "{source:?}");
+}
+
+/// Source deliveries beyond the first, in total.
+fn redeliveries(deliveries: &BTreeMap<String, usize>) -> usize {
+    deliveries.values().map(|n| n - 1).sum()
+}
+
+/// Produces `keys` one by one, `gap` apart, in a task of its own.
+fn produce_slowly(topic: String, partitions: i32, keys: Vec<String>, gap: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for (n, key) in keys.iter().enumerate() {
+            produce(&topic, n as i32 % partitions, key, "{}", &[]).await;
+            tokio::time::sleep(gap).await;
+        }
+    })
+}
+
+/// A broker that leads some partitions and coordinates some groups goes
+/// down for ten seconds while records flow, and comes back on the same
+/// port: the listener keeps running, reconnects and resumes, every record
+/// is handled, and the redeliveries stay few.
+#[tokio::test]
+async fn mock_only_a_broker_down_for_ten_seconds_loses_nothing() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("broker-down", "200ms", 3).await;
+    let all = keys("k", 120);
+    let script: Vec<(&str, &[Step])> = all.iter().step_by(7).map(|k| (k.as_str(), &[Step::Transient][..])).collect();
+    let handler = Scripted::new(&script);
+    let listener = start_joined(&ladder, Arc::clone(&handler)).await;
+
+    produce_keys(ladder.source(), 3, &all[..40]).await;
+    wait_all_handled(&ladder, &handler, &all[..40]).await;
+    let producer = produce_slowly(ladder.source().to_owned(), 3, all[40..].to_vec(), Duration::from_millis(100));
+    mock.broker_down(1).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    mock.broker_up(1).await;
+    producer.await.expect("the producer finishes");
+    let deliveries = wait_all_handled(&ladder, &handler, &all).await;
+
+    let stats = listener.stats().snapshot();
+    let redelivered = redeliveries(&deliveries);
+    eprintln!("broker down for 10 s: {redelivered} redeliveries from the source of {} records; {stats:?}", all.len());
+    listener.shutdown().await;
+    assert_eq!(stats.offset_resets, 0, "{stats:?}");
+    assert!(redelivered <= all.len() / 5, "{redelivered} redeliveries: {deliveries:?}");
+    let source = committed(&ladder.connection, &ladder.group_id, ladder.source(), 3).await;
+    assert_eq!(source.values().map(|o| o.unwrap_or(0)).sum::<i64>(), all.len() as i64, "{source:?}");
+}
+
+/// The group coordinator moves to another broker twice, and the
+/// coordinator answers OffsetCommit with NOT_COORDINATOR,
+/// COORDINATOR_LOAD_IN_PROGRESS and REBALANCE_IN_PROGRESS, Heartbeat with
+/// REBALANCE_IN_PROGRESS and JoinGroup with COORDINATOR_NOT_AVAILABLE:
+/// commits land, the group settles, every record is handled.
+#[tokio::test]
+async fn mock_only_a_moved_coordinator_and_group_errors_are_survived() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("coordinator", "200ms", 2).await;
+    let all = keys("c", 90);
+    let handler = Scripted::new(&[]);
+    let listener = start_joined(&ladder, Arc::clone(&handler)).await;
+    let groups: Vec<String> = ladder.config().groups().into_iter().map(|(_, g)| g).collect();
+
+    produce_keys(ladder.source(), 2, &all[..30]).await;
+    wait_all_handled(&ladder, &handler, &all[..30]).await;
+    for group in &groups {
+        mock.set_group_coordinator(group, 2).await;
+    }
+    mock.push_request_errors(api::OFFSET_COMMIT, &[code::NOT_COORDINATOR, code::COORDINATOR_LOAD_IN_PROGRESS]).await;
+    produce_keys(ladder.source(), 2, &all[30..60]).await;
+    wait_all_handled(&ladder, &handler, &all[..60]).await;
+
+    for group in &groups {
+        mock.set_group_coordinator(group, 3).await;
+    }
+    mock.push_request_errors(api::OFFSET_COMMIT, &[code::REBALANCE_IN_PROGRESS]).await;
+    mock.push_request_errors(api::HEARTBEAT, &[code::REBALANCE_IN_PROGRESS]).await;
+    mock.push_request_errors(api::JOIN_GROUP, &[code::COORDINATOR_NOT_AVAILABLE]).await;
+    produce_keys(ladder.source(), 2, &all[60..]).await;
+    let deliveries = wait_all_handled(&ladder, &handler, &all).await;
+    eventually("the source group to commit every record", SETTLE, || async {
+        let source = committed(&ladder.connection, &ladder.group_id, ladder.source(), 2).await;
+        (source.values().map(|o| o.unwrap_or(0)).sum::<i64>() == all.len() as i64).then_some(())
+    })
+    .await;
+    let stats = listener.stats().snapshot();
+    let redelivered = redeliveries(&deliveries);
+    eprintln!("moved coordinators: {redelivered} redeliveries of {} records; {stats:?}", all.len());
+    listener.shutdown().await;
+    assert_eq!(stats.offset_resets, 0, "{stats:?}");
+    assert!(redelivered <= 10, "{redelivered} redeliveries: {deliveries:?}");
 }

@@ -21,26 +21,32 @@ use crate::{
     ListenerConfig, TopicPartition,
 };
 
+/// The highest finished offset of each partition a member consumed, kept
+/// across its generations (see [`crate::position::resume_at`]).
+pub(crate) type Progress = Arc<Mutex<BTreeMap<TopicPartition, i64>>>;
+
 /// Where workers report finished offsets.
 #[derive(Default)]
 pub(crate) struct CommitTracker {
     pending: Mutex<BTreeMap<TopicPartition, i64>>,
+    progress: Progress,
     done_since_commit: std::sync::atomic::AtomicUsize,
     batch_full: Notify,
     batch_size: usize,
 }
 
 impl CommitTracker {
-    pub(crate) fn new(batch_size: usize) -> Self {
-        CommitTracker { batch_size: batch_size.max(1), ..Default::default() }
+    pub(crate) fn new(batch_size: usize, progress: Progress) -> Self {
+        CommitTracker { batch_size: batch_size.max(1), progress, ..Default::default() }
     }
 
     /// Records that every record of `tp` before `next_offset` is done.
     pub(crate) fn done(&self, tp: &TopicPartition, next_offset: i64) {
-        let mut pending = self.pending.lock().expect("no panics while holding the lock");
-        let entry = pending.entry(tp.clone()).or_insert(next_offset);
-        *entry = (*entry).max(next_offset);
-        drop(pending);
+        for map in [&self.pending, &*self.progress] {
+            let mut map = map.lock().expect("no panics while holding the lock");
+            let entry = map.entry(tp.clone()).or_insert(next_offset);
+            *entry = (*entry).max(next_offset);
+        }
         let n = self.done_since_commit.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         if n >= self.batch_size {
             self.batch_full.notify_one();
@@ -78,9 +84,10 @@ impl Committer {
         member_id: String,
         stats: Arc<ListenerStats>,
         metrics: Metrics,
+        progress: Progress,
     ) -> Self {
         let interval = config.commit_interval;
-        let tracker = Arc::new(CommitTracker::new(config.commit_batch));
+        let tracker = Arc::new(CommitTracker::new(config.commit_batch, progress));
         let stop = CancellationToken::new();
         let mut client = GroupClient::new(config.connection.clone(), group_id);
         let task = {

@@ -18,9 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     assignor,
-    commit::Committer,
+    commit::{Committer, Progress},
     group::GroupClient,
     listener::Shared,
+    position,
     stats::bump,
     worker::{StopSignals, Worker},
     Error, RecordHandler, TopicPartition,
@@ -117,6 +118,7 @@ impl<H: RecordHandler> Member<H> {
         let mut rechecked = None;
         let mut backoff = INITIAL_BACKOFF;
         let mut joined_once = false;
+        let progress = Progress::default();
         loop {
             if self.shutdown.is_cancelled() {
                 return;
@@ -179,7 +181,7 @@ impl<H: RecordHandler> Member<H> {
             if recheck {
                 rechecked = Some(generation_id);
             }
-            match self.run_generation(&mut client, generation_id, &member_id, assigned, recheck).await {
+            match self.run_generation(&mut client, generation_id, &member_id, assigned, recheck, &progress).await {
                 End::Shutdown => {
                     if let Err(e) = client.leave(&member_id).await {
                         tracing::warn!(group = %self.group_id, error = %e, "leaving the group failed; the coordinator will expire us");
@@ -245,6 +247,7 @@ impl<H: RecordHandler> Member<H> {
         member_id: &str,
         partitions: Vec<i32>,
         recheck: bool,
+        progress: &Progress,
     ) -> End {
         let config = &self.shared.config;
         let committer = Committer::start(
@@ -254,6 +257,7 @@ impl<H: RecordHandler> Member<H> {
             member_id.to_owned(),
             self.shared.stats.clone(),
             self.shared.metrics.clone(),
+            progress.clone(),
         );
         let signals = StopSignals { stop: CancellationToken::new(), abandon: CancellationToken::new() };
         let mut workers = JoinSet::new();
@@ -267,7 +271,15 @@ impl<H: RecordHandler> Member<H> {
             match committed {
                 Some(Ok(committed)) => {
                     for tp in tps {
-                        let start = committed.get(&tp).copied().flatten();
+                        let committed = committed.get(&tp).copied().flatten();
+                        let finished_here = progress.lock().expect("not poisoned").get(&tp).copied();
+                        let start = position::resume_at(committed, finished_here);
+                        if start != committed {
+                            tracing::info!(group = %self.group_id, topic = %tp.0, partition = tp.1, ?committed, ?start, "resuming after records this member finished but could not commit");
+                            if let Some(start) = start {
+                                committer.tracker.done(&tp, start);
+                            }
+                        }
                         let worker = Worker {
                             shared: self.shared.clone(),
                             stage: self.stage,

@@ -78,6 +78,16 @@ pub(crate) fn start_policy(policy: OffsetReset, is_retry_rung: bool) -> OffsetRe
     }
 }
 
+/// Where a newly assigned partition resumes: the group's committed offset,
+/// or further on when this member itself finished records past it in an
+/// earlier generation whose last commits did not land (its session
+/// expired during a broker outage, the coordinator moved). Records before
+/// a finished offset were handled and their republications acknowledged;
+/// handling them again would only duplicate work.
+pub(crate) fn resume_at(committed: Option<i64>, finished_here: Option<i64>) -> Option<i64> {
+    committed.max(finished_here)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +122,16 @@ mod tests {
         check_doubt(5, 3, 8, None);
         check_doubt(5, 2, 4, None); // records came: nothing to doubt
         check_doubt(5, 0, 4, Some(Doubt::EmptyAboveHighWatermark { high_watermark: 4 }));
+    }
+
+    #[test]
+    fn a_partition_resumes_after_what_was_finished() {
+        let check = |committed, finished, expected| assert_eq!(resume_at(committed, finished), expected);
+        check(None, None, None);
+        check(Some(5), None, Some(5));
+        check(None, Some(7), Some(7));
+        check(Some(5), Some(7), Some(7)); // our last commits were lost
+        check(Some(9), Some(7), Some(9)); // another member went further
     }
 
     #[test]

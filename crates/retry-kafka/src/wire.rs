@@ -28,14 +28,16 @@ const MAX_RESPONSE_BYTES: usize = 128 << 20;
 /// Newer versions change semantics (batched coordinators and offset fetches,
 /// KIP-848 member epochs), so we negotiate up to these and no further.
 ///
-/// The classic group requests stop at their last non-flexible version
-/// (JoinGroup 5, SyncGroup 3, Heartbeat 3, LeaveGroup 3): these carry all we
-/// use, static membership (KIP-345) included, every broker from Kafka 2.3 to
-/// 4.x serves them, and they are the versions the most deployed client
-/// (librdkafka) speaks, so brokers whose flexible encodings are less
-/// travelled still understand us. librdkafka's mock cluster, for one,
-/// advertises JoinGroup v6 but reads its protocol list as a fixed-width
-/// array and drops the connection.
+/// The classic group requests stop at their last non-flexible versions
+/// (JoinGroup 5, SyncGroup 3, Heartbeat 3), which carry all we use, static
+/// membership (KIP-345) included, and LeaveGroup at 2, before its batch
+/// form (a member that leaves names itself; static members do not leave).
+/// Every broker from Kafka 2.3 to 4.x serves them, and they are close to
+/// what the most deployed client (librdkafka) speaks, so brokers whose newer
+/// encodings are less travelled still understand us: librdkafka's mock
+/// cluster, for one, advertises JoinGroup v6 but reads its protocol list as
+/// a fixed-width array and drops the connection, and advertises LeaveGroup
+/// v4 but reads and answers every version in the v0-2 layout.
 pub(crate) fn highest_implemented(key: ApiKey) -> i16 {
     match key {
         ApiKey::ApiVersions => 3,
@@ -43,7 +45,7 @@ pub(crate) fn highest_implemented(key: ApiKey) -> i16 {
         ApiKey::JoinGroup => 5,
         ApiKey::SyncGroup => 3,
         ApiKey::Heartbeat => 3,
-        ApiKey::LeaveGroup => 3,
+        ApiKey::LeaveGroup => 2,
         ApiKey::OffsetCommit => 8,
         ApiKey::OffsetFetch => 7,
         ApiKey::CreateTopics => 7,
@@ -347,6 +349,6 @@ mod tests {
         check::<JoinGroupRequest>(5);
         check::<SyncGroupRequest>(3);
         check::<HeartbeatRequest>(3);
-        check::<LeaveGroupRequest>(3);
+        check::<LeaveGroupRequest>(2);
     }
 }
