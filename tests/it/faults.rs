@@ -9,11 +9,17 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use integration::MockCluster;
 
-use crate::support::{committed, eventually, produce, start_joined, Ladder, Scripted, Step, SETTLE};
+use crate::support::{
+    committed, eventually, produce, produce_batch, read_partition, start_joined, Ladder, Scripted, Step, SETTLE,
+};
 
 /// Kafka's error codes, as the mock injects them.
 mod code {
     pub(crate) const OFFSET_OUT_OF_RANGE: i16 = 1;
+    pub(crate) const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+    pub(crate) const MESSAGE_TOO_LARGE: i16 = 10;
+    pub(crate) const RECORD_LIST_TOO_LARGE: i16 = 18;
+    pub(crate) const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
     pub(crate) const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
     pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     pub(crate) const NOT_COORDINATOR: i16 = 16;
@@ -22,6 +28,7 @@ mod code {
 
 /// Kafka's API keys.
 mod api {
+    pub(crate) const PRODUCE: i16 = 0;
     pub(crate) const FETCH: i16 = 1;
     pub(crate) const OFFSET_COMMIT: i16 = 8;
     pub(crate) const JOIN_GROUP: i16 = 11;
@@ -213,4 +220,96 @@ async fn mock_only_a_moved_coordinator_and_group_errors_are_survived() {
     listener.shutdown().await;
     assert_eq!(stats.offset_resets, 0, "{stats:?}");
     assert!(redelivered <= 10, "{redelivered} redeliveries: {deliveries:?}");
+}
+
+/// Produce requests to the retry and dead-letter topics are answered with
+/// NOT_LEADER_OR_FOLLOWER (tried again), MESSAGE_TOO_LARGE and
+/// RECORD_LIST_TOO_LARGE (split in two and sent again): every record lands,
+/// in order, and the partition never stalls. Requests are capped in bytes
+/// (4 KiB here), so a fetched batch's republications take several.
+#[tokio::test]
+async fn mock_only_refused_produce_requests_are_retried_or_split() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("refused-produce", "200ms", 1).await;
+    let retried = keys("r", 24);
+    let dead = keys("d", 6);
+    let mut script: Vec<(&str, &[Step])> = retried.iter().map(|k| (k.as_str(), &[Step::Transient][..])).collect();
+    script.extend(dead.iter().map(|k| (k.as_str(), &[Step::Permanent][..])));
+    let handler = Scripted::new(&script);
+    let value = "v".repeat(400);
+    // One record batch, produced before the listener starts, so one fetch
+    // brings them all and their republications go out together.
+    let records: Vec<(String, String)> = retried.iter().chain(&dead).map(|k| (k.clone(), value.clone())).collect();
+    produce_batch(ladder.source(), 0, &records).await;
+    let too_large = [code::NOT_LEADER_OR_FOLLOWER, code::MESSAGE_TOO_LARGE, code::RECORD_LIST_TOO_LARGE];
+    mock.push_partition_errors(ladder.retry(0), 0, api::PRODUCE, &too_large).await;
+    mock.push_partition_errors(ladder.dlq(), 0, api::PRODUCE, &[code::MESSAGE_TOO_LARGE]).await;
+    let mut config = ladder.config();
+    config.publish_max_request_bytes = 4096;
+    let listener = retry_kafka::Listener::start(config, Arc::clone(&handler)).await.unwrap();
+
+    wait_all_handled(&ladder, &handler, &retried).await;
+    let dead_letters = eventually("the dead letters", SETTLE, || async {
+        let records = read_partition(ladder.dlq(), 0).await;
+        (records.len() >= dead.len()).then_some(records)
+    })
+    .await;
+    let stats = listener.stats().snapshot();
+    assert!(listener.is_ready(), "stalled after errors that splitting or retrying fixes");
+    listener.shutdown().await;
+    let landed: Vec<String> =
+        dead_letters.iter().map(|r| String::from_utf8_lossy(r.record.key.as_deref().unwrap()).into_owned()).collect();
+    assert_eq!(landed, dead);
+    let on_rung: Vec<String> = read_partition(ladder.retry(0), 0)
+        .await
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.record.key.as_deref().unwrap()).into_owned())
+        .collect();
+    assert_eq!(on_rung, retried, "in order, each once");
+    assert!(stats.publish_splits >= 2, "{stats:?}");
+}
+
+/// A partition whose retries the broker refuses (TOPIC_AUTHORIZATION_FAILED,
+/// as after a lost ACL) stops with an error, the stall gauge at 1 and the
+/// listener not ready, so an alert fires; once the broker accepts again it
+/// resumes by itself, and nothing was lost or skipped.
+#[tokio::test]
+async fn mock_only_a_partition_that_cannot_publish_stalls_visibly_and_resumes() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("stall", "200ms", 1).await;
+    let handler = Scripted::new(&[("s", &[Step::Transient])]);
+    let mut config = ladder.config();
+    config.publish_backoff_max = Duration::from_millis(300);
+    let listener = retry_kafka::Listener::start(config, Arc::clone(&handler)).await.unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    listener.register_metrics(&mut registry);
+    let stalled_gauge = |registry: &prometheus_client::registry::Registry| {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        let line = format!("kafka_retry_partition_stalled{{topic=\"{}\",partition=\"0\"}}", ladder.source());
+        text.lines().find_map(|l| l.strip_prefix(&line).map(|v| v.trim().to_owned()))
+    };
+    eventually("ready", SETTLE, || async { listener.is_ready().then_some(()) }).await;
+
+    mock.push_partition_errors(ladder.retry(0), 0, api::PRODUCE, &[code::TOPIC_AUTHORIZATION_FAILED; 30]).await;
+    produce(ladder.source(), 0, "s", "{}", &[]).await;
+    produce(ladder.source(), 0, "after", "{}", &[]).await;
+    eventually("the stall to show", SETTLE, || async {
+        (!listener.is_ready() && stalled_gauge(&registry).as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    assert!(!handler.succeeded("after"), "a record behind the stalled one was handled before it");
+    // The pushed refusals run out: the cause is fixed.
+    eventually("the partition to resume", SETTLE, || async {
+        (listener.is_ready() && handler.succeeded("s") && handler.succeeded("after")).then_some(())
+    })
+    .await;
+    assert_eq!(stalled_gauge(&registry).as_deref(), Some("0"));
+    eventually("the source group to commit both", SETTLE, || async {
+        (committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0] == Some(2)).then_some(())
+    })
+    .await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    assert!(stats.publish_failures >= 5, "{stats:?}");
 }

@@ -103,6 +103,25 @@ pub(crate) async fn produce(topic: &str, partition: i32, key: &str, value: &str,
     .await
 }
 
+/// Produces `(key, value)` records in one request (one record batch, which
+/// a fetch brings back whole), and returns the first offset.
+pub(crate) async fn produce_batch(topic: &str, partition: i32, records: &[(String, String)]) -> i64 {
+    let client = rskafka_client().await;
+    let records: Vec<Record> = records
+        .iter()
+        .map(|(k, v)| Record {
+            key: Some(k.as_bytes().to_vec()),
+            value: Some(v.as_bytes().to_vec()),
+            headers: Default::default(),
+            timestamp: Utc.timestamp_millis_opt(chrono_now_millis()).unwrap(),
+        })
+        .collect();
+    let pc = within("partition client", client.partition_client(topic, partition, UnknownTopicHandling::Retry))
+        .await
+        .unwrap();
+    within("produce", pc.produce(records, Compression::NoCompression)).await.unwrap()[0]
+}
+
 fn chrono_now_millis() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }

@@ -41,6 +41,9 @@ const MOCK_BROKERS: u8 = 3;
 /// are left out by name, and the run says so.
 const NEEDS_CREATE_TOPICS: &str = "needs_create_topics";
 
+/// The module of the fault tests, which the mock cluster runs one at a time.
+const FAULTS: &str = "faults::";
+
 /// Tests whose name starts with this inject faults through the mock
 /// cluster's control channel, or check what only the mock lacks; on other
 /// brokers they are left out by name, and the run says so.
@@ -133,6 +136,33 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
                  it has no CreateTopics (they run on tansu)"
             );
             cmd.env(MOCK_CONTROL_ENV, control).args(["--skip", NEEDS_CREATE_TOPICS]);
+            // Fault injection reaches every client of the cluster: the fault
+            // tests run afterwards, one at a time, so no other test sees
+            // their faults.
+            let filters: Vec<&String> = test_args.iter().filter(|a| !a.starts_with('-')).collect();
+            let main_pass = filters.is_empty() || filters.iter().any(|f| !f.starts_with(FAULTS));
+            let fault_pass = filters.is_empty() || filters.iter().any(|f| f.starts_with(FAULTS));
+            let envs: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+                cmd.get_envs().filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))).collect();
+            if main_pass {
+                cmd.args(["--skip", FAULTS]);
+                run(&mut cmd)?;
+            }
+            if fault_pass {
+                let mut faults = Command::new(cargo());
+                faults
+                    .current_dir(workspace_root())
+                    .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
+                    .args(test_args)
+                    .args(["--skip", NEEDS_CREATE_TOPICS, "--test-threads=1"])
+                    .envs(envs);
+                if filters.is_empty() {
+                    faults.arg(FAULTS);
+                }
+                eprintln!("integration: the fault tests, one at a time");
+                run(&mut faults)?;
+            }
+            return Ok(());
         }
         None => {
             eprintln!(

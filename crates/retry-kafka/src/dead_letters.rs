@@ -131,7 +131,7 @@ impl DeadLetterAdmin {
         operators_group: &str,
     ) -> Self {
         DeadLetterAdmin {
-            publisher: Publisher::new(client.clone()),
+            publisher: Publisher::new(client.clone(), crate::listener::DEFAULT_MAX_REQUEST_BYTES, Default::default()),
             operators: Mutex::new(GroupClient::new(connection, operators_group)),
             client,
             policy,

@@ -65,6 +65,17 @@ pub struct ListenerConfig {
     pub publish_backoff_initial: Duration,
     /// Longest wait between publish attempts.
     pub publish_backoff_max: Duration,
+    /// The most bytes one produce request to a retry or dead-letter topic
+    /// carries (a single larger record goes alone); keep it within the
+    /// brokers' `message.max.bytes`. A request the broker still refuses as
+    /// too large is split in two.
+    pub publish_max_request_bytes: usize,
+    /// A partition whose republications keep failing for this long (or at
+    /// once, when the broker refuses them outright: authorization, record
+    /// too large) is reported stalled: an error log, the
+    /// `kafka_retry_partition_stalled` gauge and [`Listener::is_ready`]
+    /// turning false, until a publish goes through.
+    pub publish_stall_after: Duration,
     /// How often the dead-letter backlog (`kafka_retry_dlq_backlog`) is measured.
     pub dlq_poll_interval: Duration,
 }
@@ -91,6 +102,8 @@ impl ListenerConfig {
             offset_reset: OffsetReset::Earliest,
             publish_backoff_initial: Duration::from_millis(100),
             publish_backoff_max: Duration::from_secs(10),
+            publish_max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            publish_stall_after: Duration::from_secs(60),
             dlq_poll_interval: Duration::from_secs(15),
         }
     }
@@ -125,6 +138,8 @@ impl ListenerConfig {
             Some("handler_timeout must be positive")
         } else if self.fetch_max_bytes < 1024 || self.retry_fetch_max_bytes < 1024 {
             Some("fetch_max_bytes and retry_fetch_max_bytes must be at least 1024")
+        } else if self.publish_max_request_bytes < 1024 {
+            Some("publish_max_request_bytes must be at least 1024")
         } else if self.shutdown_grace >= self.rebalance_timeout {
             Some("shutdown_grace must be shorter than rebalance_timeout, or a rebalance evicts us")
         } else {
@@ -137,6 +152,9 @@ impl ListenerConfig {
     }
 }
 
+/// Kafka's default `max.request.size` of producers.
+pub(crate) const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
+
 /// State shared by a listener's tasks.
 pub(crate) struct Shared<H> {
     pub(crate) config: ListenerConfig,
@@ -147,6 +165,8 @@ pub(crate) struct Shared<H> {
     pub(crate) metrics: Metrics,
     /// How many group members received their first assignment.
     pub(crate) members_joined: std::sync::atomic::AtomicUsize,
+    /// How many partitions cannot publish (see `publish_stall_after`).
+    pub(crate) stalled: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A running listener. Dropping it stops nothing: call
@@ -165,7 +185,8 @@ pub struct Listener {
 pub struct Readiness(Arc<dyn Fn() -> bool + Send + Sync>);
 
 impl Readiness {
-    /// True once every group member has received its first assignment.
+    /// True once every group member has received its first assignment, and
+    /// while no partition is stalled.
     pub fn is_ready(&self) -> bool {
         (self.0)()
     }
@@ -188,11 +209,12 @@ impl Listener {
         let stats = Arc::new(ListenerStats::default());
         let metrics = Metrics::default();
         let shared = Arc::new(Shared {
-            publisher: Publisher::new(client.clone()),
+            publisher: Publisher::new(client.clone(), config.publish_max_request_bytes, stats.publish_splits.clone()),
             client,
             handler,
             stats: stats.clone(),
             members_joined: Default::default(),
+            stalled: Default::default(),
             metrics: metrics.clone(),
             config,
         });
@@ -207,7 +229,10 @@ impl Listener {
         let members = groups_len;
         let ready = {
             let shared = shared.clone();
-            Readiness(Arc::new(move || shared.members_joined.load(std::sync::atomic::Ordering::Relaxed) >= members))
+            Readiness(Arc::new(move || {
+                use std::sync::atomic::Ordering::Relaxed;
+                shared.members_joined.load(Relaxed) >= members && shared.stalled.load(Relaxed) == 0
+            }))
         };
         let monitor = BacklogMonitor {
             admin: DeadLetterAdmin::with_client(
@@ -223,8 +248,9 @@ impl Listener {
         Ok(Listener { shutdown, tasks, stats, metrics, ready })
     }
 
-    /// Whether every group member has received its first assignment: the
-    /// topics were verified and the listener takes part in all its groups.
+    /// Whether every group member has received its first assignment (the
+    /// topics were verified and the listener takes part in all its groups)
+    /// and no partition is stalled on republications the broker refuses.
     pub fn is_ready(&self) -> bool {
         self.ready.is_ready()
     }

@@ -11,6 +11,7 @@
 //! | `kafka_retry_offset_resets_total` | `topic` | positions reset (committed offset out of range) |
 //! | `kafka_retry_consumer_lag` | `topic`, `partition` | high watermark minus the position |
 //! | `kafka_retry_dlq_backlog` | `topic` | dead-letter records not yet replayed or acknowledged |
+//! | `kafka_retry_partition_stalled` | `topic`, `partition` | 1 while the partition's republications keep failing (the broker refuses them), else 0 |
 
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ pub(crate) struct Metrics {
     offset_resets: Family<Labels, Counter>,
     consumer_lag: Family<Labels, Gauge>,
     dlq_backlog: Family<Labels, Gauge>,
+    stalled: Family<Labels, Gauge>,
 }
 
 fn handler_buckets() -> Histogram {
@@ -106,6 +108,7 @@ impl Default for Metrics {
             offset_resets: Family::default(),
             consumer_lag: Family::default(),
             dlq_backlog: Family::default(),
+            stalled: Family::default(),
         }
     }
 }
@@ -142,6 +145,11 @@ impl Metrics {
             "kafka_retry_dlq_backlog",
             "Dead-letter records neither replayed nor acknowledged by the operators' group",
             self.dlq_backlog.clone(),
+        );
+        r.register(
+            "kafka_retry_partition_stalled",
+            "1 while a partition cannot publish its retries or dead letters",
+            self.stalled.clone(),
         );
     }
 
@@ -181,6 +189,12 @@ impl Metrics {
         self.consumer_lag
             .get_or_create(&vec![("topic", t.to_owned()), ("partition", partition.to_string())])
             .set(lag.max(0));
+    }
+
+    pub(crate) fn stalled(&self, t: &str, partition: i32, stalled: bool) {
+        self.stalled
+            .get_or_create(&vec![("topic", t.to_owned()), ("partition", partition.to_string())])
+            .set(i64::from(stalled));
     }
 
     pub(crate) fn dlq_backlog(&self, t: &str, backlog: i64) {

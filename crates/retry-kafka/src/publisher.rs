@@ -2,8 +2,8 @@
 //! all in-sync replicas (rskafka produces with acks=all).
 
 use std::{
-    collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::{atomic::AtomicU64, Arc, Mutex},
     time::Duration,
 };
 
@@ -12,6 +12,7 @@ use chrono::{TimeZone, Utc};
 use retry_core::{Headers, Timestamp};
 use rskafka::{
     client::{
+        error::{Error as ClientError, ProtocolError},
         partition::{Compression, PartitionClient, UnknownTopicHandling},
         Client,
     },
@@ -27,6 +28,56 @@ pub(crate) struct Publisher {
     client: Arc<Client>,
     partitions: Mutex<HashMap<(String, i32), Arc<PartitionClient>>>,
     partition_counts: Mutex<HashMap<String, i32>>,
+    max_request_bytes: usize,
+    /// Produce requests split in two after the broker refused them as too large.
+    splits: Arc<AtomicU64>,
+}
+
+/// How a failed publish is to be treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PublishFailure {
+    /// Worth trying again as it is (a leader moved, a broker restarts).
+    Retriable,
+    /// The request was too large: smaller requests may go through.
+    TooLarge,
+    /// The broker refuses it, and will until someone changes something (an
+    /// ACL, a topic config, a deleted topic): trying again is still right,
+    /// but people must be told.
+    Refused,
+}
+
+impl PublishFailure {
+    /// Classifies a broker's answer to a produce request.
+    pub(crate) fn of(error: ProtocolError) -> PublishFailure {
+        use ProtocolError::*;
+        match error {
+            MessageTooLarge | RecordListTooLarge => PublishFailure::TooLarge,
+            TopicAuthorizationFailed
+            | ClusterAuthorizationFailed
+            | TransactionalIdAuthorizationFailed
+            | InvalidRecord
+            | CorruptMessage
+            | InvalidTopicException
+            | InvalidRequiredAcks
+            | UnsupportedForMessageFormat
+            | UnsupportedCompressionType
+            | InvalidTimestamp
+            | PolicyViolation => PublishFailure::Refused,
+            _ => PublishFailure::Retriable,
+        }
+    }
+
+    /// Classifies any error of [`Publisher::publish_all`].
+    pub(crate) fn of_error(error: &Error) -> PublishFailure {
+        match error {
+            Error::Client { source: ClientError::ServerError { protocol_error, .. }, .. } => {
+                PublishFailure::of(*protocol_error)
+            }
+            // A target topic that vanished or lost partitions.
+            Error::Config(_) => PublishFailure::Refused,
+            _ => PublishFailure::Retriable,
+        }
+    }
 }
 
 /// A record to publish.
@@ -40,15 +91,26 @@ pub(crate) struct Outgoing {
 }
 
 impl Publisher {
-    pub(crate) fn new(client: Arc<Client>) -> Self {
-        Publisher { client, partitions: Mutex::default(), partition_counts: Mutex::default() }
+    /// A publisher whose produce requests carry at most `max_request_bytes`
+    /// (estimated) unless a single record is larger.
+    /// Splits are counted in `splits`.
+    pub(crate) fn new(client: Arc<Client>, max_request_bytes: usize, splits: Arc<AtomicU64>) -> Self {
+        Publisher {
+            client,
+            partitions: Mutex::default(),
+            partition_counts: Mutex::default(),
+            max_request_bytes,
+            splits,
+        }
     }
 
     /// Publishes every record of `outbox`, in order per target partition,
-    /// one produce request per target partition, all concurrently; returns
-    /// once the broker acknowledged them (acks=all). Records acknowledged are
-    /// removed from `outbox`; on error the rest stay, for a later try, and
-    /// the first error is returned.
+    /// in produce requests of at most `max_request_bytes` each (sent one
+    /// after the other per target partition, target partitions
+    /// concurrently); returns once the broker acknowledged them (acks=all).
+    /// A request the broker refuses as too large is split in two and sent
+    /// again. Records acknowledged are removed from `outbox`; on error the
+    /// rest stay, for a later try, and the first error is returned.
     ///
     /// A record keeps its source partition number when the target has it
     /// (the usual case: topics are verified to have at least as many
@@ -83,13 +145,32 @@ impl Publisher {
                     continue;
                 }
             };
+            let max_bytes = self.max_request_bytes;
+            let splits = self.splits.clone();
             requests.spawn(async move {
-                let batch = records.iter().map(to_rskafka).collect();
-                let result = client
-                    .produce(batch, Compression::NoCompression)
-                    .await
-                    .map_err(|source| Error::Client { what: format!("publishing to {topic}/{partition}"), source });
-                (result, records)
+                let mut queue: VecDeque<Vec<Outgoing>> = chunks(records, max_bytes).into();
+                while let Some(chunk) = queue.pop_front() {
+                    let batch = chunk.iter().map(to_rskafka).collect();
+                    let Err(source) = client.produce(batch, Compression::NoCompression).await else { continue };
+                    let too_large = matches!(
+                        &source,
+                        ClientError::ServerError { protocol_error, .. }
+                            if PublishFailure::of(*protocol_error) == PublishFailure::TooLarge
+                    );
+                    if too_large && chunk.len() > 1 {
+                        splits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let mut first = chunk;
+                        let second = first.split_off(first.len() / 2);
+                        tracing::info!(%topic, partition, records = first.len() + second.len(), "the broker refused a produce request as too large; splitting it");
+                        queue.push_front(second);
+                        queue.push_front(first);
+                        continue;
+                    }
+                    let unsent: Vec<Outgoing> = std::iter::once(chunk).chain(queue).flatten().collect();
+                    let error = Error::Client { what: format!("publishing to {topic}/{partition}"), source };
+                    return (Err(error), unsent);
+                }
+                (Ok(()), Vec::new())
             });
         }
         while let Some(joined) = requests.join_next().await {
@@ -144,6 +225,41 @@ impl Publisher {
         self.partitions.lock().expect("not poisoned").insert(key, client.clone());
         Ok(client)
     }
+}
+
+/// What one record adds to a produce request, roughly: its bytes plus the
+/// record and header framing (varints, attributes, deltas).
+fn estimated_size(record: &Outgoing) -> usize {
+    const RECORD_OVERHEAD: usize = 24;
+    const HEADER_OVERHEAD: usize = 10;
+    let headers: usize = record.headers.iter().map(|(k, v)| k.len() + v.len() + HEADER_OVERHEAD).sum();
+    RECORD_OVERHEAD
+        + record.key.as_ref().map_or(0, |k| k.len())
+        + record.value.as_ref().map_or(0, |v| v.len())
+        + headers
+}
+
+/// Cuts `records` into runs, in order, of at most `max_bytes` (estimated)
+/// each; a record larger than that alone makes a run.
+fn chunks(records: Vec<Outgoing>, max_bytes: usize) -> Vec<Vec<Outgoing>> {
+    /// The batch header of a produce request's record batch.
+    const BATCH_OVERHEAD: usize = 61;
+    let mut out: Vec<Vec<Outgoing>> = Vec::new();
+    let mut size = 0;
+    for record in records {
+        let n = estimated_size(&record);
+        match out.last_mut() {
+            Some(run) if size + n <= max_bytes => {
+                size += n;
+                run.push(record);
+            }
+            _ => {
+                size = BATCH_OVERHEAD + n;
+                out.push(vec![record]);
+            }
+        }
+    }
+    out
 }
 
 fn to_rskafka(record: &Outgoing) -> Record {
@@ -219,6 +335,51 @@ mod tests {
         for (input, expected) in cases {
             assert_eq!(murmur2(input.as_bytes()), *expected, "{input}");
         }
+    }
+
+    fn outgoing(value_len: usize) -> Outgoing {
+        Outgoing {
+            topic: "t".into(),
+            source_partition: 0,
+            key: None,
+            value: Some(Bytes::from(vec![b'x'; value_len])),
+            headers: Headers::default(),
+            timestamp: Timestamp::from_millis(0),
+        }
+    }
+
+    /// Record value sizes cut into runs of at most `max` bytes: the sizes per run.
+    #[track_caller]
+    fn check_chunks(sizes: &[usize], max: usize, expected: &[&[usize]]) {
+        let runs = chunks(sizes.iter().map(|n| outgoing(*n)).collect(), max);
+        let got: Vec<Vec<usize>> =
+            runs.iter().map(|run| run.iter().map(|r| r.value.as_ref().unwrap().len()).collect()).collect();
+        assert_eq!(got, expected, "sizes {sizes:?} within {max}");
+    }
+
+    #[test]
+    fn produce_requests_are_capped_in_bytes() {
+        // Each record costs its value plus 24; a run adds 61.
+        check_chunks(&[], 1000, &[]);
+        check_chunks(&[100, 100, 100], 1000, &[&[100, 100, 100]]);
+        check_chunks(&[300, 300, 300], 1000, &[&[300, 300], &[300]]);
+        // A record larger than the cap goes alone, and is not dropped.
+        check_chunks(&[50, 5000, 50], 1000, &[&[50], &[5000], &[50]]);
+        check_chunks(&[900; 3], 1000, &[&[900], &[900], &[900]]);
+    }
+
+    #[test]
+    fn publish_failures() {
+        let check = |error, expected| assert_eq!(PublishFailure::of(error), expected, "{error:?}");
+        check(ProtocolError::NotLeaderOrFollower, PublishFailure::Retriable);
+        check(ProtocolError::RequestTimedOut, PublishFailure::Retriable);
+        check(ProtocolError::NotEnoughReplicas, PublishFailure::Retriable);
+        check(ProtocolError::MessageTooLarge, PublishFailure::TooLarge);
+        check(ProtocolError::RecordListTooLarge, PublishFailure::TooLarge);
+        check(ProtocolError::TopicAuthorizationFailed, PublishFailure::Refused);
+        check(ProtocolError::ClusterAuthorizationFailed, PublishFailure::Refused);
+        check(ProtocolError::InvalidRecord, PublishFailure::Refused);
+        check(ProtocolError::PolicyViolation, PublishFailure::Refused);
     }
 
     #[test]

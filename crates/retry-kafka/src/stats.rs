@@ -9,6 +9,8 @@ pub struct ListenerStats {
     pub(crate) handler_panics: AtomicU64,
     pub(crate) handler_timeouts: AtomicU64,
     pub(crate) publish_failures: AtomicU64,
+    /// Shared with the publisher, which splits requests.
+    pub(crate) publish_splits: std::sync::Arc<AtomicU64>,
     pub(crate) commit_failures: AtomicU64,
     pub(crate) commits: AtomicU64,
     pub(crate) rebalances: AtomicU64,
@@ -34,6 +36,8 @@ pub struct StatsSnapshot {
     pub handler_timeouts: u64,
     /// Failed publish attempts (each retried with backoff).
     pub publish_failures: u64,
+    /// Produce requests the broker refused as too large, split in two.
+    pub publish_splits: u64,
     /// Failed offset commits.
     pub commit_failures: u64,
     /// Successful offset commits.
@@ -65,6 +69,7 @@ impl ListenerStats {
             handler_panics: self.handler_panics.load(Relaxed),
             handler_timeouts: self.handler_timeouts.load(Relaxed),
             publish_failures: self.publish_failures.load(Relaxed),
+            publish_splits: self.publish_splits.load(Relaxed),
             commit_failures: self.commit_failures.load(Relaxed),
             commits: self.commits.load(Relaxed),
             rebalances: self.rebalances.load(Relaxed),

@@ -17,7 +17,7 @@ use crate::{
     listener::{refresh_metadata, OffsetReset, Shared},
     metrics::{Outcome, TopicMetrics},
     position::{self, Doubt, Verdict},
-    publisher::Outgoing,
+    publisher::{Outgoing, PublishFailure},
     stats::bump,
     ConsumedRecord, RecordHandler, TopicPartition,
 };
@@ -63,6 +63,29 @@ impl Outbox {
 
     fn is_empty(&self) -> bool {
         self.records.is_empty()
+    }
+}
+
+/// A partition reported stalled, for as long as this lives: counted in the
+/// listener's readiness and shown by the `kafka_retry_partition_stalled` gauge.
+struct Stall {
+    stalled: Arc<std::sync::atomic::AtomicUsize>,
+    metrics: crate::metrics::Metrics,
+    tp: TopicPartition,
+}
+
+impl Stall {
+    fn new<H>(shared: &Shared<H>, tp: &TopicPartition) -> Stall {
+        shared.stalled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.metrics.stalled(&tp.0, tp.1, true);
+        Stall { stalled: shared.stalled.clone(), metrics: shared.metrics.clone(), tp: tp.clone() }
+    }
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        self.stalled.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.metrics.stalled(&self.tp.0, self.tp.1, false);
     }
 }
 
@@ -381,26 +404,42 @@ impl<H: RecordHandler> Worker<H> {
         }
         let shared = &self.shared;
         let mut backoff = shared.config.publish_backoff_initial;
+        let failing_since = tokio::time::Instant::now();
+        let mut stall: Option<Stall> = None;
         loop {
             let result = tokio::select! {
                 _ = self.signals.abandon.cancelled() => return false,
                 result = shared.publisher.publish_all(&mut outbox.records) => result,
             };
-            match result {
-                Ok(()) => break,
-                Err(e) => {
-                    bump(&shared.stats.publish_failures);
-                    if let Some(first) = outbox.records.first() {
-                        shared.metrics.publish_failed(&first.topic);
-                    }
-                    tracing::warn!(error = %e, left = outbox.records.len(), retry_in_ms = backoff.as_millis() as u64, "publish failed; the partition waits");
-                    tokio::select! {
-                        _ = self.signals.abandon.cancelled() => return false,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(shared.config.publish_backoff_max);
-                }
+            let Err(e) = result else { break };
+            bump(&shared.stats.publish_failures);
+            if let Some(first) = outbox.records.first() {
+                shared.metrics.publish_failed(&first.topic);
             }
+            let failure = PublishFailure::of_error(&e);
+            let stalled =
+                failure != PublishFailure::Retriable || failing_since.elapsed() >= shared.config.publish_stall_after;
+            match &stall {
+                None if stalled => {
+                    tracing::error!(error = %e, ?failure, left = outbox.records.len(), "the partition is stalled: its retries and dead letters cannot be published, and it waits until they can (fix the cause: ACLs, topic configs, record sizes)");
+                    stall = Some(Stall::new(&self.shared, &self.tp));
+                }
+                None => {
+                    tracing::warn!(error = %e, left = outbox.records.len(), retry_in_ms = backoff.as_millis() as u64, "publish failed; the partition waits");
+                }
+                Some(_) => tracing::debug!(error = %e, "publish still failing; the partition stays stalled"),
+            }
+            tokio::select! {
+                _ = self.signals.abandon.cancelled() => return false,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(shared.config.publish_backoff_max);
+        }
+        if stall.is_some() {
+            tracing::info!(
+                stalled_for_ms = failing_since.elapsed().as_millis() as u64,
+                "publishing works again; the partition resumes"
+            );
         }
         shared.stats.retried.fetch_add(outbox.retries, std::sync::atomic::Ordering::Relaxed);
         shared.stats.dead_lettered.fetch_add(outbox.dead_letters, std::sync::atomic::Ordering::Relaxed);
