@@ -313,3 +313,45 @@ async fn mock_only_a_partition_that_cannot_publish_stalls_visibly_and_resumes() 
     listener.shutdown().await;
     assert!(stats.publish_failures >= 5, "{stats:?}");
 }
+
+/// Every broker stops answering (60 s of injected latency, far beyond the
+/// 2 s request timeout) for a few seconds, then answers again at once. The
+/// connections opened meanwhile hold answers queued behind a minute of
+/// delay: a client that waited on them would stall for that minute. Every
+/// request has a deadline and a connection that missed one is replaced, so
+/// records produced afterwards are handled, retried and committed promptly.
+#[tokio::test]
+async fn mock_only_requests_that_never_answer_are_abandoned_and_their_connections_replaced() {
+    let mock = MockCluster::get();
+    let mut ladder = Ladder::create("no-answer", "200ms", 1).await;
+    ladder.connection.request_timeout = Duration::from_secs(2);
+    let handler = Scripted::new(&[("after-1", &[Step::Transient])]);
+    let listener = start_joined(&ladder, Arc::clone(&handler)).await;
+    produce(ladder.source(), 0, "before", "{}", &[]).await;
+    eventually("the first record", SETTLE, || async { handler.succeeded("before").then_some(()) }).await;
+
+    for broker in 1..=mock.brokers() {
+        mock.set_rtt(broker, Duration::from_secs(60)).await;
+    }
+    // Long enough for fetches, heartbeats and commits to miss their deadlines.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for broker in 1..=mock.brokers() {
+        mock.set_rtt(broker, Duration::ZERO).await;
+    }
+    let after = keys("after", 5);
+    produce_keys(ladder.source(), 1, &after).await;
+    // Well within the minute the old connections stay blocked.
+    let started = tokio::time::Instant::now();
+    eventually("the records produced afterwards", SETTLE, || async {
+        after.iter().all(|k| handler.succeeded(k)).then_some(())
+    })
+    .await;
+    eventually("the source group to commit them", SETTLE, || async {
+        (committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0] == Some(6)).then_some(())
+    })
+    .await;
+    eprintln!("recovered {:?} after the brokers answered again", started.elapsed());
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    assert_eq!(stats.offset_resets, 0, "{stats:?}");
+}

@@ -7,15 +7,16 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use bytes::Bytes;
 use retry_core::{Headers, ReplayTarget, RetryHeaders, RetryPolicy, Timestamp};
-use rskafka::client::{
-    partition::{OffsetAt, PartitionClient, UnknownTopicHandling},
-    Client,
-};
+use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use tokio::sync::Mutex;
 
 use crate::{
-    fallback::Fetched, group::GroupClient, listener::connect, publisher::Outgoing, publisher::Publisher,
-    ConnectionConfig, Error, Result,
+    cluster::{deadline, Cluster},
+    fallback::Fetched,
+    group::GroupClient,
+    publisher::Outgoing,
+    publisher::Publisher,
+    ConnectionConfig, Result,
 };
 
 /// One partition of the dead-letter topic.
@@ -106,7 +107,7 @@ pub struct ReplayReport {
 
 /// Operations on one ladder's dead-letter topic.
 pub struct DeadLetterAdmin {
-    client: Arc<Client>,
+    cluster: Arc<Cluster>,
     policy: RetryPolicy,
     operators: Mutex<GroupClient>,
     publisher: Publisher,
@@ -119,21 +120,21 @@ impl DeadLetterAdmin {
     /// Connects to the cluster for `policy`'s dead-letter topic, with the
     /// operators' group `operators_group`.
     pub async fn connect(connection: ConnectionConfig, policy: RetryPolicy, operators_group: &str) -> Result<Self> {
-        let client = Arc::new(connect(&connection).await?);
-        Ok(Self::with_client(client, connection, policy, operators_group))
+        let cluster = Arc::new(Cluster::connect(&connection).await?);
+        Ok(Self::with_cluster(cluster, connection, policy, operators_group))
     }
 
     /// The same on a client the caller already has (the listener's).
-    pub(crate) fn with_client(
-        client: Arc<Client>,
+    pub(crate) fn with_cluster(
+        cluster: Arc<Cluster>,
         connection: ConnectionConfig,
         policy: RetryPolicy,
         operators_group: &str,
     ) -> Self {
         DeadLetterAdmin {
-            publisher: Publisher::new(client.clone(), crate::listener::DEFAULT_MAX_REQUEST_BYTES, Default::default()),
+            publisher: Publisher::new(cluster.clone(), crate::listener::DEFAULT_MAX_REQUEST_BYTES, Default::default()),
             operators: Mutex::new(GroupClient::new(connection, operators_group)),
-            client,
+            cluster,
             policy,
         }
     }
@@ -143,20 +144,13 @@ impl DeadLetterAdmin {
     }
 
     async fn partition(&self, partition: i32) -> Result<PartitionClient> {
-        self.client
-            .partition_client(self.topic(), partition, UnknownTopicHandling::Error)
-            .await
-            .map_err(|source| Error::Client { what: format!("connecting to {}/{partition}", self.topic()), source })
+        self.cluster.partition_client(self.topic(), partition, UnknownTopicHandling::Error).await
     }
 
     /// Every partition's offsets and backlog.
     pub async fn status(&self) -> Result<DeadLetterStatus> {
         let topic = self.topic().to_owned();
-        let topics = self
-            .client
-            .list_topics()
-            .await
-            .map_err(|source| Error::Client { what: "listing topics".into(), source })?;
+        let topics = self.cluster.list_topics().await?;
         let mut partitions: Vec<i32> = topics
             .into_iter()
             .find(|t| t.name == topic)
@@ -171,11 +165,7 @@ impl DeadLetterAdmin {
             let offset = |at| {
                 let pc = &pc;
                 let topic = &topic;
-                async move {
-                    pc.get_offset(at)
-                        .await
-                        .map_err(|source| Error::Client { what: format!("offsets of {topic}/{p}"), source })
-                }
+                async move { self.offsets(pc, at, topic).await }
             };
             let (earliest, end) = (offset(OffsetAt::Earliest).await?, offset(OffsetAt::Latest).await?);
             let acked = acknowledged.get(&(topic.clone(), p)).copied().flatten();
@@ -186,15 +176,20 @@ impl DeadLetterAdmin {
         Ok(DeadLetterStatus { topic, partitions: out, backlog })
     }
 
+    /// The partition's earliest or latest offset, within the request timeout.
+    async fn offsets(&self, pc: &PartitionClient, at: OffsetAt, topic: &str) -> Result<i64> {
+        let what = || format!("offsets of {topic}/{}", pc.partition());
+        deadline(self.cluster.request_timeout(), what, pc.get_offset(at)).await
+    }
+
     /// Up to `limit` records of `partition` from offset `from`, before `end`.
     async fn read(&self, pc: &PartitionClient, from: i64, end: i64, limit: usize) -> Result<Vec<DeadLetter>> {
         let mut out = Vec::new();
         let mut offset = from;
         while offset < end && out.len() < limit {
-            let (records, _) = pc.fetch_records(offset, 1..FETCH_BYTES, 0).await.map_err(|source| Error::Client {
-                what: format!("reading {}/{}", self.topic(), pc.partition()),
-                source,
-            })?;
+            let what = || format!("reading {}/{}", self.topic(), pc.partition());
+            let (records, _) =
+                deadline(self.cluster.request_timeout(), what, pc.fetch_records(offset, 1..FETCH_BYTES, 0)).await?;
             let before = out.len();
             for r in records.into_iter().map(Fetched::from) {
                 if r.offset < offset || r.offset >= end || out.len() >= limit {
@@ -220,14 +215,8 @@ impl DeadLetterAdmin {
     /// Up to `limit` records of `partition` from offset `from` on.
     pub async fn browse(&self, partition: i32, from: i64, limit: usize) -> Result<Vec<DeadLetter>> {
         let pc = self.partition(partition).await?;
-        let end = pc
-            .get_offset(OffsetAt::Latest)
-            .await
-            .map_err(|source| Error::Client { what: format!("offsets of {}/{partition}", self.topic()), source })?;
-        let earliest = pc
-            .get_offset(OffsetAt::Earliest)
-            .await
-            .map_err(|source| Error::Client { what: format!("offsets of {}/{partition}", self.topic()), source })?;
+        let end = self.offsets(&pc, OffsetAt::Latest, self.topic()).await?;
+        let earliest = self.offsets(&pc, OffsetAt::Earliest, self.topic()).await?;
         self.read(&pc, from.max(earliest), end, limit).await
     }
 

@@ -37,6 +37,14 @@ pub enum Error {
         /// The limit.
         timeout: Duration,
     },
+    /// An rskafka call got no answer in time; its connection is replaced.
+    #[error("{what} got no answer within {timeout:?}; its connection is replaced")]
+    Deadline {
+        /// The call.
+        what: String,
+        /// The limit.
+        timeout: Duration,
+    },
     /// A request or response could not be encoded or decoded.
     #[error("{api} with {addr}: malformed message: {reason}")]
     Protocol {

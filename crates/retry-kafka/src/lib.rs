@@ -41,6 +41,7 @@
 //! ```
 
 mod assignor;
+mod cluster;
 mod commit;
 mod dead_letters;
 mod dlq;

@@ -5,6 +5,8 @@ use std::{sync::Arc, time::Duration};
 
 use retry_core::RetryPolicy;
 use rskafka::client::{Client, ClientBuilder};
+
+use crate::cluster::Cluster;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -158,7 +160,7 @@ pub(crate) const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 /// State shared by a listener's tasks.
 pub(crate) struct Shared<H> {
     pub(crate) config: ListenerConfig,
-    pub(crate) client: Arc<Client>,
+    pub(crate) cluster: Arc<Cluster>,
     pub(crate) publisher: Publisher,
     pub(crate) handler: Arc<H>,
     pub(crate) stats: Arc<ListenerStats>,
@@ -204,13 +206,13 @@ impl Listener {
     /// starts one group member per consumed topic.
     pub async fn start<H: RecordHandler>(config: ListenerConfig, handler: Arc<H>) -> Result<Listener> {
         config.validate()?;
-        let client = Arc::new(connect(&config.connection).await?);
-        TopicPlan::new(config.policy.topology().clone(), 1).verify_with(&client).await?;
+        let cluster = Arc::new(Cluster::connect(&config.connection).await?);
+        TopicPlan::new(config.policy.topology().clone(), 1).verify_with(&cluster).await?;
         let stats = Arc::new(ListenerStats::default());
         let metrics = Metrics::default();
         let shared = Arc::new(Shared {
-            publisher: Publisher::new(client.clone(), config.publish_max_request_bytes, stats.publish_splits.clone()),
-            client,
+            publisher: Publisher::new(cluster.clone(), config.publish_max_request_bytes, stats.publish_splits.clone()),
+            cluster,
             handler,
             stats: stats.clone(),
             members_joined: Default::default(),
@@ -235,8 +237,8 @@ impl Listener {
             }))
         };
         let monitor = BacklogMonitor {
-            admin: DeadLetterAdmin::with_client(
-                shared.client.clone(),
+            admin: DeadLetterAdmin::with_cluster(
+                shared.cluster.clone(),
                 shared.config.connection.clone(),
                 shared.config.policy.clone(),
                 &shared.config.operators_group(),
@@ -310,20 +312,5 @@ pub(crate) async fn connect(config: &ConnectionConfig) -> Result<Client> {
         Err(_) => {
             Err(Error::Timeout { addr: config.bootstrap.join(","), api: "connect", timeout: config.request_timeout })
         }
-    }
-}
-
-/// Refreshes rskafka's cached metadata with a listing of all topics (which
-/// never auto-creates one).
-///
-/// rskafka finds a partition's leader in its metadata cache, and when the
-/// broker it names says another leads, it errs without dropping the stale
-/// entry; until something refreshes the cache, every new attempt goes to
-/// the same wrong broker. After a leader change, a refresh ends that.
-pub(crate) async fn refresh_metadata(client: &Client, timeout: Duration) {
-    match tokio::time::timeout(timeout, client.list_topics()).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::debug!(error = %e, "refreshing metadata failed"),
-        Err(_) => tracing::debug!(?timeout, "refreshing metadata timed out"),
     }
 }

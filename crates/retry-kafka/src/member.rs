@@ -24,7 +24,7 @@ use crate::{
     position,
     stats::bump,
     worker::{StopSignals, Worker},
-    Error, RecordHandler, TopicPartition,
+    RecordHandler, TopicPartition,
 };
 
 /// Why a generation ended.
@@ -226,12 +226,7 @@ impl<H: RecordHandler> Member<H> {
     }
 
     async fn partition_counts(&self, members: &BTreeMap<String, Vec<String>>) -> crate::Result<BTreeMap<String, i32>> {
-        let topics = self
-            .shared
-            .client
-            .list_topics()
-            .await
-            .map_err(|source| Error::Client { what: "listing topics for the assignment".into(), source })?;
+        let topics = self.shared.cluster.list_topics().await?;
         let wanted: std::collections::BTreeSet<&String> = members.values().flatten().collect();
         Ok(topics
             .into_iter()

@@ -4,7 +4,6 @@
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     sync::{atomic::AtomicU64, Arc, Mutex},
-    time::Duration,
 };
 
 use bytes::Bytes;
@@ -14,18 +13,17 @@ use rskafka::{
     client::{
         error::{Error as ClientError, ProtocolError},
         partition::{Compression, PartitionClient, UnknownTopicHandling},
-        Client,
     },
     record::Record,
 };
 
 use tokio::task::JoinSet;
 
-use crate::{Error, Result};
+use crate::{cluster::Cluster, Error, Result};
 
 /// Publishes to any topic-partition, caching one rskafka client per target.
 pub(crate) struct Publisher {
-    client: Arc<Client>,
+    cluster: Arc<Cluster>,
     partitions: Mutex<HashMap<(String, i32), Arc<PartitionClient>>>,
     partition_counts: Mutex<HashMap<String, i32>>,
     max_request_bytes: usize,
@@ -94,9 +92,9 @@ impl Publisher {
     /// A publisher whose produce requests carry at most `max_request_bytes`
     /// (estimated) unless a single record is larger.
     /// Splits are counted in `splits`.
-    pub(crate) fn new(client: Arc<Client>, max_request_bytes: usize, splits: Arc<AtomicU64>) -> Self {
+    pub(crate) fn new(cluster: Arc<Cluster>, max_request_bytes: usize, splits: Arc<AtomicU64>) -> Self {
         Publisher {
-            client,
+            cluster,
             partitions: Mutex::default(),
             partition_counts: Mutex::default(),
             max_request_bytes,
@@ -147,11 +145,21 @@ impl Publisher {
             };
             let max_bytes = self.max_request_bytes;
             let splits = self.splits.clone();
+            let timeout = self.cluster.request_timeout();
             requests.spawn(async move {
                 let mut queue: VecDeque<Vec<Outgoing>> = chunks(records, max_bytes).into();
                 while let Some(chunk) = queue.pop_front() {
                     let batch = chunk.iter().map(to_rskafka).collect();
-                    let Err(source) = client.produce(batch, Compression::NoCompression).await else { continue };
+                    let produce = client.produce(batch, Compression::NoCompression);
+                    let source = match tokio::time::timeout(timeout, produce).await {
+                        Ok(Ok(_)) => continue,
+                        Ok(Err(source)) => source,
+                        Err(_) => {
+                            let unsent: Vec<Outgoing> = std::iter::once(chunk).chain(queue).flatten().collect();
+                            let what = format!("publishing to {topic}/{partition}");
+                            return (Err(Error::Deadline { what, timeout }), unsent);
+                        }
+                    };
                     let too_large = matches!(
                         &source,
                         ClientError::ServerError { protocol_error, .. }
@@ -176,6 +184,12 @@ impl Publisher {
         while let Some(joined) = requests.join_next().await {
             let (result, records) = joined.expect("produce tasks do not panic");
             if let Err(e) = result {
+                if let (Error::Deadline { .. }, Some(first)) = (&e, records.first()) {
+                    // Its connection may be hung: the next try gets a new one.
+                    let target = first.topic.clone();
+                    let partition = choose_partition(first.source_partition, first.key.as_deref(), self.count(&target));
+                    self.partitions.lock().expect("not poisoned").remove(&(target, partition));
+                }
                 first_error.get_or_insert(e);
                 outbox.extend(records);
             }
@@ -184,22 +198,23 @@ impl Publisher {
             Some(e) => {
                 // A leader may have moved: rskafka's cached view must not
                 // send the next try to the same wrong broker.
-                crate::listener::refresh_metadata(&self.client, Duration::from_secs(5)).await;
+                self.cluster.refresh_metadata().await;
                 Err(e)
             }
             None => Ok(()),
         }
     }
 
+    /// The cached partition count of `topic` (0 when unknown).
+    fn count(&self, topic: &str) -> i32 {
+        self.partition_counts.lock().expect("not poisoned").get(topic).copied().unwrap_or(0)
+    }
+
     async fn partition_count(&self, topic: &str) -> Result<i32> {
         if let Some(n) = self.partition_counts.lock().expect("not poisoned").get(topic) {
             return Ok(*n);
         }
-        let topics = self
-            .client
-            .list_topics()
-            .await
-            .map_err(|source| Error::Client { what: "listing topics".into(), source })?;
+        let topics = self.cluster.list_topics().await?;
         let mut counts = self.partition_counts.lock().expect("not poisoned");
         for t in topics {
             counts.insert(t.name, t.partitions.len() as i32);
@@ -216,11 +231,7 @@ impl Publisher {
         if let Some(c) = self.partitions.lock().expect("not poisoned").get(&key) {
             return Ok(c.clone());
         }
-        let client = self
-            .client
-            .partition_client(topic, partition, UnknownTopicHandling::Error)
-            .await
-            .map_err(|source| Error::Client { what: format!("connecting to {topic}/{partition}"), source })?;
+        let client = self.cluster.partition_client(topic, partition, UnknownTopicHandling::Error).await?;
         let client = Arc::new(client);
         self.partitions.lock().expect("not poisoned").insert(key, client.clone());
         Ok(client)

@@ -11,10 +11,9 @@ use kafka_protocol::{
     ResponseError,
 };
 use retry_core::RetryTopology;
-use rskafka::client::Client;
 
 use crate::{
-    listener::connect,
+    cluster::Cluster,
     wire::{str_bytes, Connection},
     ConnectionConfig, Error, Result,
 };
@@ -159,8 +158,7 @@ impl TopicPlan {
             }
         }
         // Existing topics must still have the right shape.
-        let client = connect(config).await?;
-        self.verify_with(&client).await?;
+        self.verify_with(&Cluster::connect(config).await?).await?;
         Ok(outcome)
     }
 
@@ -168,13 +166,11 @@ impl TopicPlan {
     /// topic has at least as many partitions as the source; the error lists
     /// every problem.
     pub async fn verify(&self, config: &ConnectionConfig) -> Result<()> {
-        let client = connect(config).await?;
-        self.verify_with(&client).await
+        self.verify_with(&Cluster::connect(config).await?).await
     }
 
-    pub(crate) async fn verify_with(&self, client: &Client) -> Result<()> {
-        let topics =
-            client.list_topics().await.map_err(|source| Error::Client { what: "listing topics".into(), source })?;
+    pub(crate) async fn verify_with(&self, cluster: &Cluster) -> Result<()> {
+        let topics = cluster.list_topics().await?;
         let count = |name: &str| topics.iter().find(|t| t.name == name).map(|t| t.partitions.len() as i32);
         let source = self.topology.source_topic().as_str();
         let mut problems = Vec::new();

@@ -12,14 +12,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
+    cluster::deadline,
     commit::CommitTracker,
     fallback::{fetch_decoded, is_undecodable, Fetched},
-    listener::{refresh_metadata, OffsetReset, Shared},
+    listener::{OffsetReset, Shared},
     metrics::{Outcome, TopicMetrics},
     position::{self, Doubt, Verdict},
     publisher::{Outgoing, PublishFailure},
     stats::bump,
-    ConsumedRecord, RecordHandler, TopicPartition,
+    ConsumedRecord, Error, RecordHandler, TopicPartition,
 };
 
 /// How a worker is told to stop: `stop` ends fetching and waiting at once;
@@ -98,26 +99,12 @@ impl<H: RecordHandler> Worker<H> {
     /// Runs until stopped; `committed` is the group's committed offset.
     pub(crate) async fn run(self, committed: Option<i64>) {
         let (topic, partition) = self.tp.clone();
-        let client = loop {
-            let connect = self.shared.client.partition_client(topic.clone(), partition, UnknownTopicHandling::Retry);
-            tokio::select! {
-                _ = self.signals.stop.cancelled() => return,
-                result = connect => match result {
-                    Ok(client) => break client,
-                    Err(e) => {
-                        bump(&self.shared.stats.fetch_failures);
-                        tracing::warn!(%topic, partition, error = %e, "cannot reach the partition; retrying");
-                        refresh_metadata(&self.shared.client, self.shared.config.connection.request_timeout).await;
-                        if self.pause(Duration::from_secs(1)).await { return; }
-                    }
-                }
-            }
-        };
+        let Some(mut client) = self.connect().await else { return };
         let mut offset = match committed {
             Some(offset) => offset,
             None => {
                 let policy = position::start_policy(self.shared.config.offset_reset, self.stage.rung().is_some());
-                let Some(offset) = self.offset_at(&client, policy).await else { return };
+                let Some(offset) = self.offset_at(&mut client, policy).await else { return };
                 tracing::info!(%topic, partition, offset, reset = ?policy, "no committed offset; starting from the reset position");
                 // Committed at once, so a later generation starts here
                 // instead of resolving "latest" again past what came meanwhile.
@@ -133,10 +120,19 @@ impl<H: RecordHandler> Worker<H> {
         loop {
             let max_wait = i32::try_from(self.shared.config.fetch_max_wait.as_millis()).unwrap_or(i32::MAX);
             let fetch = client.fetch_records(offset, 1..self.max_fetch_bytes(), max_wait);
+            // The broker may hold a fetch for its max wait, then answers.
+            let fetch_deadline = self.shared.cluster.request_timeout() + self.shared.config.fetch_max_wait;
             let fetched_at = tokio::time::Instant::now();
             let result = tokio::select! {
                 _ = self.signals.stop.cancelled() => return,
-                result = fetch => result,
+                result = tokio::time::timeout(fetch_deadline, fetch) => result,
+            };
+            let Ok(result) = result else {
+                bump(&self.shared.stats.fetch_failures);
+                tracing::warn!(%topic, partition, offset, timeout = ?fetch_deadline, "a fetch got no answer; replacing the partition's connection");
+                let Some(new) = self.connect().await else { return };
+                client = new;
+                continue;
             };
             match result {
                 Ok((records, high_watermark)) if Doubt::of_fetch(offset, records.len(), high_watermark).is_some() => {
@@ -144,7 +140,7 @@ impl<H: RecordHandler> Worker<H> {
                     // instead of OFFSET_OUT_OF_RANGE; so does a new leader
                     // whose high watermark still trails. Check before resetting.
                     let doubt = Doubt::EmptyAboveHighWatermark { high_watermark };
-                    match self.check_position(&client, offset, doubt).await {
+                    match self.check_position(&mut client, offset, doubt).await {
                         Some(new) => offset = new,
                         None => return,
                     }
@@ -172,7 +168,7 @@ impl<H: RecordHandler> Worker<H> {
                     self.shared.metrics.lag(&topic, partition, high_watermark - offset);
                 }
                 Err(ClientError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. }) => {
-                    match self.check_position(&client, offset, Doubt::OutOfRange).await {
+                    match self.check_position(&mut client, offset, Doubt::OutOfRange).await {
                         Some(new) => offset = new,
                         None => return,
                     }
@@ -213,7 +209,7 @@ impl<H: RecordHandler> Worker<H> {
                 Err(e) => {
                     bump(&self.shared.stats.fetch_failures);
                     tracing::warn!(%topic, partition, offset, error = %e, "fetch failed; retrying");
-                    refresh_metadata(&self.shared.client, self.shared.config.connection.request_timeout).await;
+                    self.shared.cluster.refresh_metadata().await;
                     if self.pause(backoff).await {
                         return;
                     }
@@ -288,7 +284,7 @@ impl<H: RecordHandler> Worker<H> {
     /// partition's leader reports it, and resets it, loudly and counted, only
     /// when it lies outside (see [`position`]). The position to go on from;
     /// `None` when stopped.
-    async fn check_position(&self, client: &PartitionClient, offset: i64, doubt: Doubt) -> Option<i64> {
+    async fn check_position(&self, client: &mut PartitionClient, offset: i64, doubt: Doubt) -> Option<i64> {
         let (topic, partition) = &self.tp;
         let log_start = self.offset_at(client, OffsetReset::Earliest).await?;
         let log_end = self.offset_at(client, OffsetReset::Latest).await?;
@@ -308,9 +304,9 @@ impl<H: RecordHandler> Worker<H> {
         Some(reset_to)
     }
 
-    /// The partition's earliest or latest offset, retried until it comes;
-    /// `None` when stopped.
-    async fn offset_at(&self, client: &PartitionClient, at: OffsetReset) -> Option<i64> {
+    /// The partition's earliest or latest offset, retried until it comes
+    /// (on a new connection after one that did not answer); `None` when stopped.
+    async fn offset_at(&self, client: &mut PartitionClient, at: OffsetReset) -> Option<i64> {
         let (topic, partition) = &self.tp;
         let at = match at {
             OffsetReset::Earliest => OffsetAt::Earliest,
@@ -318,14 +314,45 @@ impl<H: RecordHandler> Worker<H> {
         };
         let mut backoff = Duration::from_millis(100);
         loop {
-            tokio::select! {
+            let what = || format!("reading the offsets of {topic}/{partition}");
+            let call = deadline(self.shared.cluster.request_timeout(), what, client.get_offset(at));
+            let result = tokio::select! {
                 _ = self.signals.stop.cancelled() => return None,
-                result = client.get_offset(at) => match result {
-                    Ok(offset) => return Some(offset),
-                    Err(e) => {
-                        tracing::warn!(%topic, partition, error = %e, "cannot read the partition's offsets; retrying");
-                        if self.pause(backoff).await { return None; }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                result = call => result,
+            };
+            match result {
+                Ok(offset) => return Some(offset),
+                Err(e) => {
+                    tracing::warn!(%topic, partition, error = %e, "cannot read the partition's offsets; retrying");
+                    if matches!(e, Error::Deadline { .. }) {
+                        *client = self.connect().await?;
+                    } else if self.pause(backoff).await {
+                        return None;
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// A client of the partition on a new connection to its leader, retried
+    /// until it comes; `None` when stopped.
+    async fn connect(&self) -> Option<PartitionClient> {
+        let (topic, partition) = &self.tp;
+        loop {
+            let connect = self.shared.cluster.partition_client(topic, *partition, UnknownTopicHandling::Retry);
+            let result = tokio::select! {
+                _ = self.signals.stop.cancelled() => return None,
+                result = connect => result,
+            };
+            match result {
+                Ok(client) => return Some(client),
+                Err(e) => {
+                    bump(&self.shared.stats.fetch_failures);
+                    tracing::warn!(%topic, partition, error = %e, "cannot reach the partition; retrying");
+                    self.shared.cluster.refresh_metadata().await;
+                    if self.pause(Duration::from_secs(1)).await {
+                        return None;
                     }
                 }
             }
