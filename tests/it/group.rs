@@ -220,3 +220,40 @@ async fn a_foreign_client_shares_the_group_and_its_offsets() {
         [(our_partition.to_string(), 1), (their_partition.to_string(), 2)].into_iter().collect();
     assert_eq!(theirs, serde_json::to_value(expected).unwrap());
 }
+
+/// A rebalance while a record takes longer than the session timeout: the
+/// member keeps heartbeating while it drains, so its session survives and
+/// its final commit lands; the slow record is not handled a second time.
+///
+/// Not on the mock cluster: it refuses every commit while a rebalance is
+/// prepared, where Kafka accepts those of the ending generation, so a drain
+/// can never commit there.
+#[tokio::test]
+async fn a_drain_longer_than_the_session_keeps_the_member_and_its_commit_needs_commits_during_rebalances() {
+    let ladder = Ladder::create("long-drain", "100ms", 1).await;
+    let handler = Scripted::new(&[("slow", &[Step::Sleep(Duration::from_secs(9))])]);
+    let config = || {
+        let mut c = ladder.config();
+        c.rebalance_timeout = Duration::from_secs(25);
+        c.shutdown_grace = Duration::from_secs(15);
+        c.handler_timeout = Duration::from_secs(20);
+        c
+    };
+    assert!(Duration::from_secs(9) > config().session_timeout);
+    let first = retry_kafka::Listener::start(config(), handler.clone()).await.unwrap();
+    produce(ladder.source(), 0, "slow", "v", &[]).await;
+    eventually("the slow record to start", SETTLE, || async { (!handler.attempts("slow").is_empty()).then_some(()) })
+        .await;
+    // A second member joins: the first drains the slow record, heartbeating.
+    let second = retry_kafka::Listener::start(config(), handler.clone()).await.unwrap();
+    eventually("the slow record's offset committed", SETTLE, || async {
+        (committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0] == Some(1)).then_some(())
+    })
+    .await;
+    // A fence: once it is handled, any redelivery of "slow" would have come first.
+    produce(ladder.source(), 0, "fence", "v", &[]).await;
+    eventually("the fence", SETTLE, || async { handler.succeeded("fence").then_some(()) }).await;
+    first.shutdown().await;
+    second.shutdown().await;
+    assert_eq!(handler.attempts("slow"), [1], "the slow record was handled again");
+}

@@ -222,3 +222,17 @@ async fn compressed_batches_from_a_foreign_producer_are_handled() {
     assert_eq!(keys, codecs);
     assert!(stats.fallback_fetches >= 1, "lz4 and zstd go through the fallback decoder: {stats:?}");
 }
+
+/// A handler call that outlives the shutdown grace period is cancelled, and
+/// `shutdown` returns only once it has ended: nothing of the listener keeps
+/// running behind the caller's back.
+#[tokio::test]
+async fn shutdown_cancels_a_handler_call_that_outlives_the_grace_period() {
+    let ladder = Ladder::create("hang", "100ms", 1).await;
+    let handler = Scripted::new(&[("h", &[Step::Hang])]);
+    let listener = crate::support::start_joined(&ladder, handler.clone()).await;
+    produce(ladder.source(), 0, "h", "{}", &[]).await;
+    eventually("the call to start", SETTLE, || async { (handler.hangs().0 == 1).then_some(()) }).await;
+    listener.shutdown().await;
+    assert_eq!(handler.hangs(), (1, 1), "the hanging call still runs after shutdown returned");
+}

@@ -182,6 +182,8 @@ pub(crate) enum Step {
     Permanent,
     Panic,
     Sleep(Duration),
+    /// Never returns: the call waits until it is cancelled.
+    Hang,
 }
 
 /// One handler call.
@@ -201,16 +203,33 @@ pub(crate) struct Call {
 pub(crate) struct Scripted {
     script: Mutex<HashMap<String, VecDeque<Step>>>,
     calls: Mutex<Vec<Call>>,
+    /// Calls of [`Step::Hang`] started, and ended (their future dropped).
+    hangs: Arc<(std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicUsize)>,
+}
+
+/// Counts a hanging call as ended when its future is dropped.
+struct HangGuard(Arc<(std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicUsize)>);
+
+impl Drop for HangGuard {
+    fn drop(&mut self) {
+        self.0 .1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Scripted {
     pub(crate) fn new(script: &[(&str, &[Step])]) -> Arc<Self> {
         let script = script.iter().map(|(k, steps)| (k.to_string(), steps.iter().cloned().collect())).collect();
-        Arc::new(Scripted { script: Mutex::new(script), calls: Mutex::default() })
+        Arc::new(Scripted { script: Mutex::new(script), ..Default::default() })
     }
 
     pub(crate) fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
+    }
+
+    /// Calls that hang: (started, ended).
+    pub(crate) fn hangs(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::SeqCst;
+        (self.hangs.0.load(SeqCst), self.hangs.1.load(SeqCst))
     }
 
     /// Whether a call for `key` succeeded.
@@ -248,6 +267,11 @@ impl RecordHandler for Scripted {
             Step::Sleep(d) => {
                 tokio::time::sleep(d).await;
                 Ok(())
+            }
+            Step::Hang => {
+                self.hangs.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _guard = HangGuard(self.hangs.clone());
+                std::future::pending().await
             }
         }
     }

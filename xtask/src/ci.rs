@@ -36,10 +36,15 @@ pub(crate) enum BrokerChoice {
 /// How many brokers the mock cluster of the integration suite has.
 const MOCK_BROKERS: u8 = 3;
 
-/// Tests whose name contains this need CreateTopics, which the mock cluster
-/// lacks (it creates topics through its own call instead); on the mock they
-/// are left out by name, and the run says so.
-const NEEDS_CREATE_TOPICS: &str = "needs_create_topics";
+/// Tests whose name contains one of these need what the mock cluster lacks;
+/// on the mock they are left out by name, and the run says why.
+const NOT_ON_MOCK: &[(&str, &str)] = &[
+    ("needs_create_topics", "it has no CreateTopics (it creates topics through its own call)"),
+    (
+        "needs_commits_during_rebalances",
+        "it refuses commits while a rebalance is prepared, which Kafka accepts from the ending generation",
+    ),
+];
 
 /// The module of the fault tests, which the mock cluster runs one at a time.
 const FAULTS: &str = "faults::";
@@ -131,11 +136,13 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
         .env(crate::python::PYTHON_ENV, python);
     match target.control {
         Some(control) => {
-            eprintln!(
-                "integration: on the mock cluster, tests named *{NEEDS_CREATE_TOPICS}* are left out: \
-                 it has no CreateTopics (they run on tansu)"
-            );
-            cmd.env(MOCK_CONTROL_ENV, control).args(["--skip", NEEDS_CREATE_TOPICS]);
+            cmd.env(MOCK_CONTROL_ENV, control);
+            for (marker, why) in NOT_ON_MOCK {
+                eprintln!(
+                    "integration: on the mock cluster, tests named *{marker}* are left out (they run on tansu): {why}"
+                );
+                cmd.args(["--skip", marker]);
+            }
             // Fault injection reaches every client of the cluster: the fault
             // tests run afterwards, one at a time, so no other test sees
             // their faults.
@@ -154,7 +161,8 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
                     .current_dir(workspace_root())
                     .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
                     .args(test_args)
-                    .args(["--skip", NEEDS_CREATE_TOPICS, "--test-threads=1"])
+                    .args(NOT_ON_MOCK.iter().flat_map(|(marker, _)| ["--skip", marker]))
+                    .arg("--test-threads=1")
                     .envs(envs);
                 if filters.is_empty() {
                     faults.arg(FAULTS);

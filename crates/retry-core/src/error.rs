@@ -27,6 +27,9 @@ pub enum Error {
         /// Which rule it breaks.
         reason: &'static str,
     },
+    /// A backoff schedule was rejected.
+    #[error("invalid backoff: {0}")]
+    InvalidBackoff(String),
     /// One of our retry headers is missing or malformed.
     #[error("retry header {header} {problem}")]
     CorruptHeader {

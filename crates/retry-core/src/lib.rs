@@ -14,6 +14,8 @@
 //! - [`RetryTopology`]: the topic names derived from a source topic and a schedule.
 //! - [`RetryHeaders`]: the `x-retry-*`/`x-original-*` headers carried along the ladder.
 //! - [`HandlerError`], [`FailureKind`], [`classify_http_status`]: what is worth retrying.
+//! - [`BackoffConfig`], [`Backoff`]: the pauses between attempts retried in
+//!   place (reconnecting, publishing again, rejoining), with injected jitter.
 //! - [`RetryPolicy`]: the decision function, the due time of a retry record,
 //!   and the headers of a record that operators replay from the dead-letter topic.
 //!
@@ -46,6 +48,7 @@
 //! }
 //! ```
 
+mod backoff;
 mod decision;
 mod error;
 mod failure;
@@ -55,6 +58,7 @@ mod schedule;
 mod time;
 mod topic;
 
+pub use backoff::{Backoff, BackoffConfig};
 pub use decision::{Decision, PolicyConfig, RecordMeta, RetryPolicy, Stage};
 pub use error::{Error, HeaderProblem, Result};
 pub use failure::{classify_http_status, FailureKind, HandlerError};

@@ -9,12 +9,14 @@
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    backoff::pauses,
     group::GroupClient,
     metrics::Metrics,
     stats::{bump, ListenerStats},
@@ -94,16 +96,23 @@ impl Committer {
             let tracker = tracker.clone();
             let stop = stop.clone();
             tokio::spawn(async move {
+                // After a failed commit, the next try waits longer (with
+                // jitter) than the interval: a coordinator that refuses
+                // commits for a while is not asked five times a second.
+                let mut backoff = pauses(interval, interval.max(Duration::from_secs(5)));
+                let mut wait = interval;
                 loop {
                     let last = tokio::select! {
                         _ = stop.cancelled() => true,
-                        _ = tokio::time::sleep(interval) => false,
-                        _ = tracker.batch_full.notified() => false,
+                        _ = tokio::time::sleep(wait) => false,
+                        _ = tracker.batch_full.notified(), if wait == interval => false,
                     };
+                    wait = interval;
                     let offsets = tracker.take();
                     if !offsets.is_empty() {
                         match client.commit(generation_id, &member_id, &offsets).await {
                             Ok(()) => {
+                                backoff.reset();
                                 bump(&stats.commits);
                                 tracing::debug!(group = client.group_id(), ?offsets, "committed");
                             }
@@ -112,6 +121,7 @@ impl Committer {
                                 metrics.commit_failed(client.group_id());
                                 tracing::warn!(group = client.group_id(), error = %e, "offset commit failed; will retry");
                                 tracker.restore(offsets);
+                                wait = backoff.next();
                                 if last {
                                     // One more try for the final commit: the records
                                     // are redelivered otherwise (safe, but wasteful).

@@ -33,6 +33,15 @@ pub struct ConsumedRecord {
 /// partition are handled one at a time, in order; partitions concurrently.
 ///
 /// Retried and replayed records are delivered again: handlers must be idempotent.
+///
+/// A call can be cancelled: when it outlives the handler timeout, and when
+/// its partition is taken away (a rebalance, a shutdown) and the call
+/// outlives the grace period. The future is then dropped at its next await
+/// point, never resumed, and the record is treated as not handled (retried,
+/// or redelivered to the partition's next owner). A listener's
+/// [`shutdown`](crate::Listener::shutdown) returns only once every call has
+/// ended. Side effects must therefore be safe to repeat, as they already
+/// must be for redeliveries.
 pub trait RecordHandler: Send + Sync + 'static {
     /// Handles one record.
     fn handle(&self, record: ConsumedRecord) -> impl Future<Output = Result<(), HandlerError>> + Send;

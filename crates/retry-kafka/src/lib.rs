@@ -41,6 +41,7 @@
 //! ```
 
 mod assignor;
+mod backoff;
 mod cluster;
 mod commit;
 mod dead_letters;

@@ -140,6 +140,8 @@ impl ListenerConfig {
             Some("handler_timeout must be positive")
         } else if self.fetch_max_bytes < 1024 || self.retry_fetch_max_bytes < 1024 {
             Some("fetch_max_bytes and retry_fetch_max_bytes must be at least 1024")
+        } else if self.publish_backoff_initial.is_zero() || self.publish_backoff_initial > self.publish_backoff_max {
+            Some("publish_backoff_initial must be positive and at most publish_backoff_max")
         } else if self.publish_max_request_bytes < 1024 {
             Some("publish_max_request_bytes must be at least 1024")
         } else if self.shutdown_grace >= self.rebalance_timeout {

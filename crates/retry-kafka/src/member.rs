@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     assignor,
+    backoff::pauses,
     commit::{Committer, Progress},
     group::GroupClient,
     listener::Shared,
@@ -88,10 +89,70 @@ enum Round {
 }
 
 /// The first pause after a round failed for our side of things (the
-/// coordinator unreachable, a malformed answer), doubling up to [`MAX_BACKOFF`].
+/// coordinator unreachable, a malformed answer, committed offsets
+/// unreadable), growing with jitter up to [`MAX_BACKOFF`], so a persistent
+/// error does not turn into a rebalance storm.
 const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
 /// The longest pause between such rounds.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What to do after a JoinGroup or SyncGroup round failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterJoinError {
+    /// The rebalance moved on without us (a protocol signal): rejoin soon.
+    Rejoin,
+    /// The coordinator forgot our member id: rejoin soon as a new member.
+    RejoinAsNewMember,
+    /// Our side of things failed: back off, then rejoin.
+    BackOff,
+}
+
+impl AfterJoinError {
+    fn of(error: Option<ResponseError>) -> Self {
+        match error {
+            Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration) => AfterJoinError::Rejoin,
+            Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId) => AfterJoinError::RejoinAsNewMember,
+            _ => AfterJoinError::BackOff,
+        }
+    }
+}
+
+/// What a heartbeat's answer means for the generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterHeartbeat {
+    /// Go on heartbeating.
+    Continue,
+    /// The generation ends this way.
+    End(EndKind),
+}
+
+/// [`End`] without its payload, for the heartbeat table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EndKind {
+    Over,
+    RejoinAsNewMember,
+    Recheck,
+}
+
+impl AfterHeartbeat {
+    /// `answer` is `Ok` or the broker's error (`None` for a failure without
+    /// one: a broken connection, a timeout); `silent_for` is how long no
+    /// heartbeat got through; `recheck` asks to end after the first that does.
+    fn of(answer: Result<(), Option<ResponseError>>, silent_for: Duration, session: Duration, recheck: bool) -> Self {
+        match answer {
+            Ok(()) if recheck => AfterHeartbeat::End(EndKind::Recheck),
+            Ok(()) => AfterHeartbeat::Continue,
+            Err(Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration)) => {
+                AfterHeartbeat::End(EndKind::Over)
+            }
+            Err(Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId)) => {
+                AfterHeartbeat::End(EndKind::RejoinAsNewMember)
+            }
+            Err(_) if silent_for > session => AfterHeartbeat::End(EndKind::RejoinAsNewMember),
+            Err(_) => AfterHeartbeat::Continue,
+        }
+    }
+}
 
 /// The pause before rejoining when the coordinator answered our SyncGroup
 /// with a rebalance signal (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION,
@@ -116,7 +177,7 @@ impl<H: RecordHandler> Member<H> {
         let mut expectation = Expectation::Anything;
         // The last generation re-checked: once per generation is enough.
         let mut rechecked = None;
-        let mut backoff = INITIAL_BACKOFF;
+        let mut backoff = pauses(INITIAL_BACKOFF, MAX_BACKOFF);
         let mut joined_once = false;
         let progress = Progress::default();
         loop {
@@ -128,10 +189,7 @@ impl<H: RecordHandler> Member<H> {
                 result = self.join(&mut client, &mut member_id, &mut expectation) => result,
             };
             let (generation_id, leader, assigned) = match round {
-                Ok(Round::Assigned { generation_id, leader, partitions }) => {
-                    backoff = INITIAL_BACKOFF;
-                    (generation_id, leader, partitions)
-                }
+                Ok(Round::Assigned { generation_id, leader, partitions }) => (generation_id, leader, partitions),
                 Ok(Round::Stale(why)) => {
                     tracing::warn!(group = %self.group_id, member = %member_id, "{why}; leaving and joining as a new member");
                     if let Err(e) = client.leave(&member_id).await {
@@ -142,21 +200,20 @@ impl<H: RecordHandler> Member<H> {
                     continue;
                 }
                 Err(e) => {
-                    let pause = match e.broker_error() {
-                        Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration) => {
+                    let pause = match AfterJoinError::of(e.broker_error()) {
+                        AfterJoinError::Rejoin => {
                             tracing::info!(group = %self.group_id, error = %e, "the rebalance moved on; rejoining");
                             REJOIN_PAUSE
                         }
-                        Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId) => {
+                        AfterJoinError::RejoinAsNewMember => {
                             tracing::info!(group = %self.group_id, error = %e, "the coordinator forgot us; joining as a new member");
                             member_id.clear();
                             expectation = Expectation::Anything;
                             REJOIN_PAUSE
                         }
-                        _ => {
-                            tracing::warn!(group = %self.group_id, error = %e, "joining the group failed; retrying");
-                            let pause = backoff;
-                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                        AfterJoinError::BackOff => {
+                            let pause = backoff.next();
+                            tracing::warn!(group = %self.group_id, error = %e, retry_in_ms = pause.as_millis() as u64, "joining the group failed; retrying");
                             pause
                         }
                     };
@@ -181,7 +238,11 @@ impl<H: RecordHandler> Member<H> {
             if recheck {
                 rechecked = Some(generation_id);
             }
-            match self.run_generation(&mut client, generation_id, &member_id, assigned, recheck, &progress).await {
+            let end = self.run_generation(&mut client, generation_id, &member_id, assigned, recheck, &progress).await;
+            if !matches!(end, End::Rejoin) {
+                backoff.reset();
+            }
+            match end {
                 End::Shutdown => {
                     if let Err(e) = client.leave(&member_id).await {
                         tracing::warn!(group = %self.group_id, error = %e, "leaving the group failed; the coordinator will expire us");
@@ -189,7 +250,14 @@ impl<H: RecordHandler> Member<H> {
                     return;
                 }
                 End::Over => expectation = Expectation::NewerThan(generation_id),
-                End::Rejoin => {}
+                End::Rejoin => {
+                    // Our trouble, not the group's: pause so it cannot spin.
+                    tokio::select! {
+                        _ = self.shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(backoff.next()) => {}
+                    }
+                    continue;
+                }
                 End::RejoinAsNewMember => member_id.clear(),
                 End::Recheck => expectation = Expectation::FollowerIn(generation_id),
             }
@@ -299,16 +367,35 @@ impl<H: RecordHandler> Member<H> {
         };
 
         // Revoke: stop fetching and waiting at once, give records in flight
-        // the grace period, then commit what finished.
+        // the grace period, then commit what finished. Heartbeats go on
+        // meanwhile: a drain as long as the session would otherwise expire
+        // it, and the final commit with it.
         signals.stop.cancel();
-        let drained =
-            tokio::time::timeout(config.shutdown_grace, async { while workers.join_next().await.is_some() {} }).await;
-        if drained.is_err() {
-            tracing::warn!(group = %self.group_id, "records still in flight after the grace period; abandoning them (they will be redelivered)");
-            signals.abandon.cancel();
-            while workers.join_next().await.is_some() {}
+        let drain = async {
+            let drained =
+                tokio::time::timeout(config.shutdown_grace, async { while workers.join_next().await.is_some() {} })
+                    .await;
+            if drained.is_err() {
+                tracing::warn!(group = %self.group_id, "records still in flight after the grace period; abandoning them (they will be redelivered)");
+                signals.abandon.cancel();
+                while workers.join_next().await.is_some() {}
+            }
+            committer.finish().await;
+        };
+        let keep_alive = async {
+            loop {
+                tokio::time::sleep(config.heartbeat_interval).await;
+                // REBALANCE_IN_PROGRESS is the expected answer now; it still
+                // keeps the session alive.
+                if let Err(e) = client.heartbeat(generation_id, member_id).await {
+                    tracing::debug!(group = %self.group_id, error = %e, "heartbeat while draining");
+                }
+            }
+        };
+        tokio::select! {
+            () = drain => {}
+            () = keep_alive => {}
         }
-        committer.finish().await;
         end
     }
 
@@ -324,33 +411,33 @@ impl<H: RecordHandler> Member<H> {
                 _ = self.shutdown.cancelled() => return End::Shutdown,
                 _ = tokio::time::sleep(config.heartbeat_interval) => {}
             }
-            match client.heartbeat(generation_id, member_id).await {
-                Ok(()) if recheck => {
+            let answer = client.heartbeat(generation_id, member_id).await;
+            let step = AfterHeartbeat::of(
+                answer.as_ref().map(|_| ()).map_err(|e| e.broker_error()),
+                last_ok.elapsed(),
+                config.session_timeout,
+                recheck,
+            );
+            if answer.is_ok() {
+                last_ok = tokio::time::Instant::now();
+            }
+            match (step, answer) {
+                (AfterHeartbeat::Continue, Ok(())) => {}
+                (AfterHeartbeat::Continue, Err(e)) => {
+                    tracing::warn!(group = %self.group_id, error = %e, "heartbeat failed");
+                }
+                (AfterHeartbeat::End(EndKind::Recheck), _) => {
                     tracing::info!(group = %self.group_id, generation_id, "assigned nothing as a follower; rejoining once to confirm the generation has a leader");
                     return End::Recheck;
                 }
-                Ok(()) => last_ok = tokio::time::Instant::now(),
-                Err(e) => match e.broker_error() {
-                    Some(ResponseError::RebalanceInProgress) => {
-                        tracing::info!(group = %self.group_id, "rebalance in progress; rejoining");
-                        return End::Over;
-                    }
-                    Some(ResponseError::IllegalGeneration) => {
-                        tracing::info!(group = %self.group_id, "generation is over; rejoining");
-                        return End::Over;
-                    }
-                    Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId) => {
-                        tracing::warn!(group = %self.group_id, "the coordinator forgot us; rejoining as a new member");
-                        return End::RejoinAsNewMember;
-                    }
-                    _ => {
-                        tracing::warn!(group = %self.group_id, error = %e, "heartbeat failed");
-                        if last_ok.elapsed() > config.session_timeout {
-                            tracing::warn!(group = %self.group_id, "no heartbeat got through within the session timeout; rejoining");
-                            return End::RejoinAsNewMember;
-                        }
-                    }
-                },
+                (AfterHeartbeat::End(EndKind::Over), answer) => {
+                    tracing::info!(group = %self.group_id, answer = ?answer.err(), "the generation is over (a rebalance); rejoining");
+                    return End::Over;
+                }
+                (AfterHeartbeat::End(EndKind::RejoinAsNewMember), answer) => {
+                    tracing::warn!(group = %self.group_id, answer = ?answer.err(), "the coordinator forgot us, or no heartbeat got through within the session timeout; rejoining as a new member");
+                    return End::RejoinAsNewMember;
+                }
             }
         }
     }
@@ -358,7 +445,12 @@ impl<H: RecordHandler> Member<H> {
 
 #[cfg(test)]
 mod tests {
-    use super::Expectation::{self, *};
+    use super::{
+        AfterHeartbeat, AfterJoinError, EndKind,
+        Expectation::{self, *},
+    };
+    use kafka_protocol::ResponseError;
+    use std::time::Duration;
 
     /// Whether a JoinGroup answer (`generation`, naming us `leader` or not)
     /// keeps `expectation`.
@@ -387,5 +479,39 @@ mod tests {
         check(FollowerIn(3), 4, true, true);
         check(FollowerIn(3), 4, false, true);
         check(FollowerIn(3), 3, true, false);
+    }
+
+    #[test]
+    fn after_a_failed_join() {
+        let check = |error, expected| assert_eq!(AfterJoinError::of(error), expected, "{error:?}");
+        check(Some(ResponseError::RebalanceInProgress), AfterJoinError::Rejoin);
+        check(Some(ResponseError::IllegalGeneration), AfterJoinError::Rejoin);
+        check(Some(ResponseError::UnknownMemberId), AfterJoinError::RejoinAsNewMember);
+        check(Some(ResponseError::FencedInstanceId), AfterJoinError::RejoinAsNewMember);
+        check(Some(ResponseError::CoordinatorNotAvailable), AfterJoinError::BackOff);
+        check(Some(ResponseError::NotCoordinator), AfterJoinError::BackOff);
+        check(Some(ResponseError::GroupAuthorizationFailed), AfterJoinError::BackOff);
+        check(None, AfterJoinError::BackOff); // a broken connection, a timeout
+    }
+
+    #[test]
+    fn after_a_heartbeat() {
+        #[track_caller]
+        fn check(answer: Result<(), Option<ResponseError>>, silent: u64, recheck: bool, expected: AfterHeartbeat) {
+            let got = AfterHeartbeat::of(answer, Duration::from_secs(silent), Duration::from_secs(10), recheck);
+            assert_eq!(got, expected, "{answer:?} after {silent} s of silence, recheck {recheck}");
+        }
+        use AfterHeartbeat::{Continue, End};
+        check(Ok(()), 0, false, Continue);
+        check(Ok(()), 0, true, End(EndKind::Recheck));
+        check(Err(Some(ResponseError::RebalanceInProgress)), 0, false, End(EndKind::Over));
+        check(Err(Some(ResponseError::IllegalGeneration)), 0, true, End(EndKind::Over));
+        check(Err(Some(ResponseError::UnknownMemberId)), 0, false, End(EndKind::RejoinAsNewMember));
+        check(Err(Some(ResponseError::FencedInstanceId)), 0, false, End(EndKind::RejoinAsNewMember));
+        // Trouble reaching the coordinator: keep trying for a session.
+        check(Err(None), 3, false, Continue);
+        check(Err(Some(ResponseError::NotCoordinator)), 9, false, Continue);
+        check(Err(None), 11, false, End(EndKind::RejoinAsNewMember));
+        check(Err(Some(ResponseError::CoordinatorNotAvailable)), 11, false, End(EndKind::RejoinAsNewMember));
     }
 }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{
+    backoff::pauses,
     cluster::deadline,
     commit::CommitTracker,
     fallback::{fetch_decoded, is_undecodable, Fetched},
@@ -113,7 +114,7 @@ impl<H: RecordHandler> Worker<H> {
             }
         };
         tracing::info!(%topic, partition, offset, "partition assigned; consuming");
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = pauses(Duration::from_millis(100), Duration::from_secs(5));
         // Brokers that answer an empty fetch at once, ignoring its max wait,
         // must not make an idle partition spin: wait longer after each.
         let mut idle = Duration::ZERO;
@@ -144,13 +145,12 @@ impl<H: RecordHandler> Worker<H> {
                         Some(new) => offset = new,
                         None => return,
                     }
-                    if self.pause(backoff).await {
+                    if self.pause(backoff.next()).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Ok((records, high_watermark)) => {
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     if records.is_empty() {
                         if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2 {
                             idle = (idle * 2).clamp(Duration::from_millis(10), self.shared.config.fetch_max_wait);
@@ -172,10 +172,9 @@ impl<H: RecordHandler> Worker<H> {
                         Some(new) => offset = new,
                         None => return,
                     }
-                    if self.pause(backoff).await {
+                    if self.pause(backoff.next()).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
                 Err(e) if is_undecodable(&e) => {
                     // rskafka cannot decode this batch (e.g. a null header
@@ -199,10 +198,9 @@ impl<H: RecordHandler> Worker<H> {
                             let fallback_error =
                                 other.err().map(|e| e.to_string()).unwrap_or_else(|| "no records".into());
                             tracing::error!(%topic, partition, offset, error = %e, %fallback_error, "undecodable batch; retrying");
-                            if self.pause(backoff).await {
+                            if self.pause(backoff.next()).await {
                                 return;
                             }
-                            backoff = (backoff * 2).min(Duration::from_secs(5));
                         }
                     }
                 }
@@ -210,10 +208,9 @@ impl<H: RecordHandler> Worker<H> {
                     bump(&self.shared.stats.fetch_failures);
                     tracing::warn!(%topic, partition, offset, error = %e, "fetch failed; retrying");
                     self.shared.cluster.refresh_metadata().await;
-                    if self.pause(backoff).await {
+                    if self.pause(backoff.next()).await {
                         return;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
             }
         }
@@ -312,7 +309,7 @@ impl<H: RecordHandler> Worker<H> {
             OffsetReset::Earliest => OffsetAt::Earliest,
             OffsetReset::Latest => OffsetAt::Latest,
         };
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = pauses(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             let what = || format!("reading the offsets of {topic}/{partition}");
             let call = deadline(self.shared.cluster.request_timeout(), what, client.get_offset(at));
@@ -326,10 +323,9 @@ impl<H: RecordHandler> Worker<H> {
                     tracing::warn!(%topic, partition, error = %e, "cannot read the partition's offsets; retrying");
                     if matches!(e, Error::Deadline { .. }) {
                         *client = self.connect().await?;
-                    } else if self.pause(backoff).await {
+                    } else if self.pause(backoff.next()).await {
                         return None;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
             }
         }
@@ -339,6 +335,7 @@ impl<H: RecordHandler> Worker<H> {
     /// until it comes; `None` when stopped.
     async fn connect(&self) -> Option<PartitionClient> {
         let (topic, partition) = &self.tp;
+        let mut backoff = pauses(Duration::from_millis(200), Duration::from_secs(5));
         loop {
             let connect = self.shared.cluster.partition_client(topic, *partition, UnknownTopicHandling::Retry);
             let result = tokio::select! {
@@ -351,7 +348,7 @@ impl<H: RecordHandler> Worker<H> {
                     bump(&self.shared.stats.fetch_failures);
                     tracing::warn!(%topic, partition, error = %e, "cannot reach the partition; retrying");
                     self.shared.cluster.refresh_metadata().await;
-                    if self.pause(Duration::from_secs(1)).await {
+                    if self.pause(backoff.next()).await {
                         return None;
                     }
                 }
@@ -394,10 +391,7 @@ impl<H: RecordHandler> Worker<H> {
             timestamp,
             attempt: self.attempt(),
         };
-        let outcome = tokio::select! {
-            _ = self.signals.abandon.cancelled() => return Processed::Abandoned,
-            outcome = self.run_handler(consumed) => outcome,
-        };
+        let Some(outcome) = self.run_handler(consumed).await else { return Processed::Abandoned };
         let now = Timestamp::from(std::time::SystemTime::now());
         let decision = policy.decide(self.stage, &meta, &outcome, now);
         let (target, headers, dead_letter) = match decision {
@@ -430,7 +424,7 @@ impl<H: RecordHandler> Worker<H> {
             return true;
         }
         let shared = &self.shared;
-        let mut backoff = shared.config.publish_backoff_initial;
+        let mut backoff = pauses(shared.config.publish_backoff_initial, shared.config.publish_backoff_max);
         let failing_since = tokio::time::Instant::now();
         let mut stall: Option<Stall> = None;
         loop {
@@ -444,6 +438,7 @@ impl<H: RecordHandler> Worker<H> {
                 shared.metrics.publish_failed(&first.topic);
             }
             let failure = PublishFailure::of_error(&e);
+            let pause = backoff.next();
             let stalled =
                 failure != PublishFailure::Retriable || failing_since.elapsed() >= shared.config.publish_stall_after;
             match &stall {
@@ -452,15 +447,14 @@ impl<H: RecordHandler> Worker<H> {
                     stall = Some(Stall::new(&self.shared, &self.tp));
                 }
                 None => {
-                    tracing::warn!(error = %e, left = outbox.records.len(), retry_in_ms = backoff.as_millis() as u64, "publish failed; the partition waits");
+                    tracing::warn!(error = %e, left = outbox.records.len(), retry_in_ms = pause.as_millis() as u64, "publish failed; the partition waits");
                 }
                 Some(_) => tracing::debug!(error = %e, "publish still failing; the partition stays stalled"),
             }
             tokio::select! {
                 _ = self.signals.abandon.cancelled() => return false,
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
-            backoff = (backoff * 2).min(shared.config.publish_backoff_max);
         }
         if stall.is_some() {
             tracing::info!(
@@ -478,15 +472,25 @@ impl<H: RecordHandler> Worker<H> {
     }
 
     /// Runs the handler in a task of its own, so a panic is caught and a
-    /// timeout can abort it.
-    async fn run_handler(&self, record: ConsumedRecord) -> Result<(), HandlerError> {
+    /// timeout can cancel it. `None` when the record was abandoned (the
+    /// grace period of a revocation or shutdown ran out): the call is then
+    /// cancelled too, and has ended when this returns, so nothing of it
+    /// outlives the partition's ownership.
+    async fn run_handler(&self, record: ConsumedRecord) -> Option<Result<(), HandlerError>> {
         let handler = self.shared.handler.clone();
         let mut task = tokio::spawn(async move { handler.handle(record).await });
         let timeout = self.shared.config.handler_timeout;
         let started = tokio::time::Instant::now();
-        let result = tokio::time::timeout(timeout, &mut task).await;
+        let result = tokio::select! {
+            _ = self.signals.abandon.cancelled() => {
+                task.abort();
+                let _ = (&mut task).await;
+                return None;
+            }
+            result = tokio::time::timeout(timeout, &mut task) => result,
+        };
         self.metrics.handler_took(started.elapsed());
-        match result {
+        Some(match result {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(join_error)) => {
                 bump(&self.shared.stats.handler_panics);
@@ -503,9 +507,10 @@ impl<H: RecordHandler> Worker<H> {
             }
             Err(_) => {
                 task.abort();
+                let _ = task.await;
                 bump(&self.shared.stats.handler_timeouts);
                 Err(HandlerError::transient(format!("handler timed out after {timeout:?}")))
             }
-        }
+        })
     }
 }
