@@ -147,8 +147,8 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
             // tests run afterwards, one at a time, so no other test sees
             // their faults.
             let filters: Vec<&String> = test_args.iter().filter(|a| !a.starts_with('-')).collect();
-            let main_pass = filters.is_empty() || filters.iter().any(|f| !f.starts_with(FAULTS));
-            let fault_pass = filters.is_empty() || filters.iter().any(|f| f.starts_with(FAULTS));
+            let main_pass = filters.is_empty() || filters.iter().any(|f| !f.contains(FAULTS));
+            let fault_pass = filters.is_empty() || filters.iter().any(|f| f.contains(FAULTS));
             let envs: Vec<(std::ffi::OsString, std::ffi::OsString)> =
                 cmd.get_envs().filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))).collect();
             if main_pass {
