@@ -355,3 +355,31 @@ async fn mock_only_requests_that_never_answer_are_abandoned_and_their_connection
     listener.shutdown().await;
     assert_eq!(stats.offset_resets, 0, "{stats:?}");
 }
+
+/// Partitions added to the source topic are consumed without any member
+/// coming or going: the group's leader notices the new count and rejoins.
+/// (Neither test broker can add partitions to a topic; the mock recreates
+/// the topic with more, which is the same to the group.)
+#[tokio::test]
+async fn mock_only_partitions_added_to_the_source_are_consumed() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("more-partitions", "200ms", 1).await;
+    let handler = Scripted::new(&[]);
+    let mut config = ladder.config();
+    config.partition_check_interval = Duration::from_millis(500);
+    let listener = retry_kafka::Listener::start(config, Arc::clone(&handler)).await.unwrap();
+    let groups = ladder.config().groups().len() as u64;
+    eventually("joined", SETTLE, || async { (listener.stats().snapshot().rebalances >= groups).then_some(()) }).await;
+    produce(ladder.source(), 0, "before", "{}", &[]).await;
+    eventually("the first record", SETTLE, || async { handler.succeeded("before").then_some(()) }).await;
+
+    mock.delete_topic(ladder.source()).await;
+    mock.create_topic(ladder.source(), 3).await;
+    produce(ladder.source(), 2, "on-a-new-partition", "{}", &[]).await;
+    eventually("the record on the new partition", SETTLE, || async {
+        handler.succeeded("on-a-new-partition").then_some(())
+    })
+    .await;
+    listener.shutdown().await;
+    assert!(handler.calls().iter().any(|c| c.partition == 2), "{:?}", handler.calls());
+}

@@ -123,6 +123,11 @@ impl MockCluster {
             .await;
     }
 
+    /// Deletes `topic`.
+    pub async fn delete_topic(&self, topic: &str) {
+        self.call(serde_json::json!({"op": "delete_topic", "topic": topic})).await;
+    }
+
     /// Makes `broker` the leader of `topic`/`partition`.
     pub async fn set_leader(&self, topic: &str, partition: i32, broker: i32) {
         self.call(serde_json::json!({"op": "set_leader", "topic": topic, "partition": partition, "broker": broker}))

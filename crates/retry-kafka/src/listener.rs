@@ -80,6 +80,10 @@ pub struct ListenerConfig {
     pub publish_stall_after: Duration,
     /// How often the dead-letter backlog (`kafka_retry_dlq_backlog`) is measured.
     pub dlq_poll_interval: Duration,
+    /// How often each group's leader counts its topic's partitions: when
+    /// the count changed (partitions were added), it rejoins so the new
+    /// partitions get assigned.
+    pub partition_check_interval: Duration,
 }
 
 impl ListenerConfig {
@@ -107,6 +111,7 @@ impl ListenerConfig {
             publish_max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             publish_stall_after: Duration::from_secs(60),
             dlq_poll_interval: Duration::from_secs(15),
+            partition_check_interval: Duration::from_secs(30),
         }
     }
 

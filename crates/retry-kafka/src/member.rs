@@ -83,6 +83,8 @@ enum Round {
         generation_id: i32,
         leader: bool,
         partitions: Vec<i32>,
+        /// The leader's count of the topic's partitions when it assigned them.
+        counted: Option<i32>,
     },
     /// The coordinator broke an [`Expectation`]: why.
     Stale(String),
@@ -161,6 +163,17 @@ impl AfterHeartbeat {
 /// ready; with one that answers at once, the pause keeps us from spinning.
 const REJOIN_PAUSE: Duration = Duration::from_millis(100);
 
+/// One generation of ours, as the round that began it gave it.
+struct Generation {
+    id: i32,
+    member_id: String,
+    partitions: Vec<i32>,
+    /// End it after the first heartbeat that got through (see [`End::Recheck`]).
+    recheck: bool,
+    /// As leader: the topic's partition count we assigned.
+    counted: Option<i32>,
+}
+
 pub(crate) struct Member<H> {
     pub(crate) shared: Arc<Shared<H>>,
     pub(crate) stage: Stage,
@@ -188,8 +201,10 @@ impl<H: RecordHandler> Member<H> {
                 _ = self.shutdown.cancelled() => return,
                 result = self.join(&mut client, &mut member_id, &mut expectation) => result,
             };
-            let (generation_id, leader, assigned) = match round {
-                Ok(Round::Assigned { generation_id, leader, partitions }) => (generation_id, leader, partitions),
+            let (generation_id, leader, assigned, counted) = match round {
+                Ok(Round::Assigned { generation_id, leader, partitions, counted }) => {
+                    (generation_id, leader, partitions, counted)
+                }
                 Ok(Round::Stale(why)) => {
                     tracing::warn!(group = %self.group_id, member = %member_id, "{why}; leaving and joining as a new member");
                     if let Err(e) = client.leave(&member_id).await {
@@ -238,7 +253,9 @@ impl<H: RecordHandler> Member<H> {
             if recheck {
                 rechecked = Some(generation_id);
             }
-            let end = self.run_generation(&mut client, generation_id, &member_id, assigned, recheck, &progress).await;
+            let generation =
+                Generation { id: generation_id, member_id: member_id.clone(), partitions: assigned, recheck, counted };
+            let end = self.run_generation(&mut client, &generation, &progress).await;
             if !matches!(end, End::Rejoin) {
                 backoff.reset();
             }
@@ -282,15 +299,26 @@ impl<H: RecordHandler> Member<H> {
         {
             return Ok(Round::Stale(why));
         }
-        let assignments = if leader {
+        let (assignments, counted) = if leader {
             let counts = self.partition_counts(&joined.members).await?;
-            assignor::assign_range(&joined.members, &counts)
+            (assignor::assign_range(&joined.members, &counts), counts.get(&self.topic).copied())
         } else {
-            BTreeMap::new()
+            (BTreeMap::new(), None)
         };
         let mine = client.sync(&joined, &assignments, config.rebalance_timeout).await?;
         let partitions = mine.get(&self.topic).cloned().unwrap_or_default();
-        Ok(Round::Assigned { generation_id: joined.generation_id, leader, partitions })
+        Ok(Round::Assigned { generation_id: joined.generation_id, leader, partitions, counted })
+    }
+
+    /// The consumed topic's partition count now, if the listing answers.
+    async fn partition_count(&self) -> Option<i32> {
+        match self.shared.cluster.list_topics().await {
+            Ok(topics) => topics.into_iter().find(|t| t.name == self.topic).map(|t| t.partitions.len() as i32),
+            Err(e) => {
+                tracing::debug!(group = %self.group_id, error = %e, "cannot count the topic's partitions");
+                None
+            }
+        }
     }
 
     async fn partition_counts(&self, members: &BTreeMap<String, Vec<String>>) -> crate::Result<BTreeMap<String, i32>> {
@@ -303,16 +331,9 @@ impl<H: RecordHandler> Member<H> {
             .collect())
     }
 
-    async fn run_generation(
-        &self,
-        client: &mut GroupClient,
-        generation_id: i32,
-        member_id: &str,
-        partitions: Vec<i32>,
-        recheck: bool,
-        progress: &Progress,
-    ) -> End {
+    async fn run_generation(&self, client: &mut GroupClient, generation: &Generation, progress: &Progress) -> End {
         let config = &self.shared.config;
+        let (generation_id, member_id) = (generation.id, generation.member_id.as_str());
         let committer = Committer::start(
             config,
             &self.group_id,
@@ -324,7 +345,7 @@ impl<H: RecordHandler> Member<H> {
         );
         let signals = StopSignals { stop: CancellationToken::new(), abandon: CancellationToken::new() };
         let mut workers = JoinSet::new();
-        let tps: Vec<TopicPartition> = partitions.iter().map(|p| (self.topic.clone(), *p)).collect();
+        let tps: Vec<TopicPartition> = generation.partitions.iter().map(|p| (self.topic.clone(), *p)).collect();
         let mut end = None;
         if !tps.is_empty() {
             let committed = tokio::select! {
@@ -363,7 +384,7 @@ impl<H: RecordHandler> Member<H> {
         }
         let end = match end {
             Some(end) => end,
-            None => self.heartbeat(client, generation_id, member_id, recheck).await,
+            None => self.heartbeat(client, generation).await,
         };
 
         // Revoke: stop fetching and waiting at once, give records in flight
@@ -402,21 +423,36 @@ impl<H: RecordHandler> Member<H> {
     /// Heartbeats until the generation ends, whatever we were assigned
     /// (nothing included: only heartbeats tell us of rebalances). With
     /// `recheck`, ends it after the first heartbeat that got through, so the
-    /// rejoin finds our session fresh.
-    async fn heartbeat(&self, client: &mut GroupClient, generation_id: i32, member_id: &str, recheck: bool) -> End {
+    /// rejoin finds our session fresh. The leader also watches the topic's
+    /// partition count and ends the generation when it changed, so added
+    /// partitions get assigned without waiting for a member to come or go.
+    async fn heartbeat(&self, client: &mut GroupClient, generation: &Generation) -> End {
         let config = &self.shared.config;
+        let (generation_id, member_id) = (generation.id, generation.member_id.as_str());
         let mut last_ok = tokio::time::Instant::now();
+        let mut last_count = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return End::Shutdown,
                 _ = tokio::time::sleep(config.heartbeat_interval) => {}
+            }
+            if let Some(counted) = generation.counted {
+                if last_count.elapsed() >= config.partition_check_interval {
+                    last_count = tokio::time::Instant::now();
+                    if let Some(now) = self.partition_count().await {
+                        if now != counted {
+                            tracing::info!(group = %self.group_id, topic = %self.topic, from = counted, to = now, "the topic's partition count changed; rejoining to assign them");
+                            return End::Over;
+                        }
+                    }
+                }
             }
             let answer = client.heartbeat(generation_id, member_id).await;
             let step = AfterHeartbeat::of(
                 answer.as_ref().map(|_| ()).map_err(|e| e.broker_error()),
                 last_ok.elapsed(),
                 config.session_timeout,
-                recheck,
+                generation.recheck,
             );
             if answer.is_ok() {
                 last_ok = tokio::time::Instant::now();
