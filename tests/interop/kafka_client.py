@@ -83,6 +83,11 @@ def parse_args():
     produce.add_argument(
         "--null-header", action="append", default=[], metavar="NAME", help="a header whose value is null; repeatable"
     )
+    produce.add_argument(
+        "--abort-transaction",
+        metavar="TRANSACTIONAL_ID",
+        help="produce inside a transaction with this id, then abort it",
+    )
     produce.set_defaults(command=cmd_produce)
 
     return parser.parse_args()
@@ -190,15 +195,19 @@ def cmd_consume(args):
 
 
 def cmd_produce(args):
-    producer = Producer(
-        {
-            **common_config(args.brokers),
-            "acks": "all",
-            "compression.type": args.compression,
-            # Bounds the delivery attempt, unknown-topic waits included.
-            "message.timeout.ms": int(REQUEST_TIMEOUT_S * 1000),
-        }
-    )
+    config = {
+        **common_config(args.brokers),
+        "acks": "all",
+        "compression.type": args.compression,
+        # Bounds the delivery attempt, unknown-topic waits included.
+        "message.timeout.ms": int(REQUEST_TIMEOUT_S * 1000),
+    }
+    if args.abort_transaction:
+        config["transactional.id"] = args.abort_transaction
+    producer = Producer(config)
+    if args.abort_transaction:
+        producer.init_transactions(REQUEST_TIMEOUT_S)
+        producer.begin_transaction()
     delivered = []
 
     def on_delivery(error, message):
@@ -219,6 +228,8 @@ def cmd_produce(args):
     error, message = delivered[0]
     if error is not None:
         raise Failure(f"the record to {args.topic}[{args.partition}] was not delivered: {error}")
+    if args.abort_transaction:
+        producer.abort_transaction(REQUEST_TIMEOUT_S)
     emit({"partition": message.partition(), "offset": message.offset()})
 
 

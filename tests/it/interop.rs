@@ -147,3 +147,41 @@ fn parse(json: &str) -> Value {
 fn json_lines(output: &str) -> Vec<Value> {
     output.lines().map(parse).collect()
 }
+
+/// Transactional producers are not supported (see the README): rskafka
+/// does not filter the records of aborted transactions, so the handler
+/// gets them like any other. Pinned here, so that a change shows. The
+/// abort marker itself is not a record and never reaches the handler, and
+/// it does not wedge the partition (the mock writes markers whose checksum
+/// no decoder accepts). Mock only: tansu has no transactions (no EndTxn).
+#[tokio::test]
+async fn mock_only_records_of_an_aborted_transaction_reach_the_handler_as_documented() {
+    use crate::support::{eventually, produce, start_joined, Ladder, Scripted, SETTLE};
+    let ladder = Ladder::create("aborted-txn", "200ms", 1).await;
+    let handler = Scripted::new(&[]);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    let brokers = broker_addr();
+    let transactional_id = unique_topic("txn");
+    let args = [
+        "produce",
+        "--brokers",
+        &brokers,
+        "--topic",
+        ladder.source(),
+        "--partition",
+        "0",
+        "--key",
+        "aborted",
+        "--value",
+        "{}",
+        "--abort-transaction",
+        &transactional_id,
+    ];
+    kafka_client(&args).await;
+    // A fence: once it is handled, everything before it was seen.
+    produce(ladder.source(), 0, "fence", "{}", &[]).await;
+    eventually("the fence", SETTLE, || async { handler.succeeded("fence").then_some(()) }).await;
+    listener.shutdown().await;
+    let keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
+    assert_eq!(keys, ["aborted", "fence"], "{:?}", handler.calls());
+}

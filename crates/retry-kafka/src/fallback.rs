@@ -60,16 +60,54 @@ pub(crate) fn is_undecodable(e: &rskafka::client::error::Error) -> bool {
     matches!(e, E::InvalidResponse(_) | E::Request(R::ReadError(_) | R::ReadVersionedError(_)))
 }
 
+/// What a fallback fetch decoded.
+#[derive(Debug, Default)]
+pub(crate) struct Decoded {
+    /// The data records, in order.
+    pub(crate) records: Vec<Fetched>,
+    /// The offset after the last batch read, data or control: a fetch that
+    /// met only control batches (transaction markers) moves the position on
+    /// without a record.
+    pub(crate) next_offset: Option<i64>,
+}
+
+/// The attributes bit of a control batch (transaction markers).
+const CONTROL_BATCH: i16 = 0x20;
+
+/// If `bytes` starts with a whole control batch, the offset after it and its
+/// size in bytes. Read from the batch header alone: a marker carries nothing
+/// for us, so its checksum does not matter (librdkafka's mock cluster
+/// writes markers whose checksum is zero).
+fn control_batch(bytes: &[u8]) -> Option<(i64, usize)> {
+    use bytes::Buf;
+    // baseOffset 8, batchLength 4, partitionLeaderEpoch 4, magic 1, crc 4,
+    // attributes 2, lastOffsetDelta 4.
+    if bytes.len() < 27 {
+        return None;
+    }
+    let mut header = &bytes[..27];
+    let base_offset = header.get_i64();
+    let length = usize::try_from(header.get_i32()).ok()?;
+    let _leader_epoch = header.get_i32();
+    let magic = header.get_i8();
+    let _crc = header.get_u32();
+    let attributes = header.get_i16();
+    let last_offset_delta = header.get_i32();
+    let size = 12 + length;
+    (magic == 2 && attributes & CONTROL_BATCH != 0 && bytes.len() >= size)
+        .then(|| (base_offset + i64::from(last_offset_delta) + 1, size))
+}
+
 /// Fetches `topic`/`partition` from `offset` from the partition's leader and
 /// decodes what comes back; records before `offset` (the start of a batch)
-/// and control records are skipped.
+/// and control batches are skipped.
 pub(crate) async fn fetch_decoded(
     config: &ConnectionConfig,
     topic: &str,
     partition: i32,
     offset: i64,
     max_bytes: i32,
-) -> Result<Vec<Fetched>> {
+) -> Result<Decoded> {
     let leader = leader_of(config, topic, partition).await?;
     let mut conn = Connection::connect(&leader, &config.client_id, config.request_timeout).await?;
     let request = FetchRequest::default()
@@ -103,11 +141,17 @@ pub(crate) async fn fetch_decoded(
     check("Fetch", || format!("{topic}/{partition}"), data.error_code)?;
     let mut bytes = data.records.clone().unwrap_or_default();
     let mut out = Vec::new();
+    let mut next_offset = None;
     // A fetch may end in a partial batch; what decoded before it counts.
     while !bytes.is_empty() {
+        if let Some((after, size)) = control_batch(&bytes) {
+            let _ = bytes.split_to(size);
+            next_offset = Some(after.max(offset));
+            continue;
+        }
         let set = match RecordBatchDecoder::decode_with_custom_compression(&mut bytes, Some(decompress)) {
             Ok(set) => set,
-            Err(e) if out.is_empty() => {
+            Err(e) if out.is_empty() && next_offset.is_none() => {
                 return Err(Error::Protocol {
                     addr: leader,
                     api: "Fetch",
@@ -117,6 +161,7 @@ pub(crate) async fn fetch_decoded(
             Err(_) => break,
         };
         for r in set.records {
+            next_offset = Some(next_offset.unwrap_or(offset).max(r.offset + 1));
             if r.control || r.offset < offset {
                 continue;
             }
@@ -138,7 +183,7 @@ pub(crate) async fn fetch_decoded(
             });
         }
     }
-    Ok(out)
+    Ok(Decoded { records: out, next_offset })
 }
 
 /// Decompresses a batch: gzip and snappy through kafka-protocol, lz4 and
@@ -163,8 +208,20 @@ fn decompress(buf: &mut Bytes, compression: Compression) -> anyhow::Result<Bytes
     Ok(Bytes::from(out))
 }
 
+/// The address of the partition's leader, asked of each bootstrap broker in
+/// turn until one answers.
 async fn leader_of(config: &ConnectionConfig, topic: &str, partition: i32) -> Result<String> {
-    let addr = config.bootstrap.first().expect("bootstrap brokers are never empty");
+    let mut last_error = None;
+    for addr in &config.bootstrap {
+        match leader_from(config, addr, topic, partition).await {
+            Ok(leader) => return Ok(leader),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.expect("bootstrap brokers are never empty"))
+}
+
+async fn leader_from(config: &ConnectionConfig, addr: &str, topic: &str, partition: i32) -> Result<String> {
     let mut conn = Connection::connect(addr, &config.client_id, config.request_timeout).await?;
     let request = MetadataRequest::default()
         .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(TopicName(str_bytes(topic))))]))
@@ -179,8 +236,43 @@ async fn leader_of(config: &ConnectionConfig, topic: &str, partition: i32) -> Re
         .map(|p| p.leader_id);
     let broker = leader.and_then(|id| response.brokers.iter().find(|b| b.node_id == id));
     broker.map(|b| format!("{}:{}", b.host, b.port)).ok_or_else(|| Error::Protocol {
-        addr: addr.clone(),
+        addr: addr.to_owned(),
         api: "Metadata",
         reason: format!("no leader known for {topic}/{partition}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch header: base offset, length, epoch, magic, crc, attributes,
+    /// last offset delta, then `body` bytes.
+    fn batch(base: i64, attributes: i16, last_delta: i32, body: usize) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(base.to_be_bytes());
+        b.extend(((15 + body) as i32).to_be_bytes()); // from the epoch on
+        b.extend(0i32.to_be_bytes());
+        b.push(2);
+        b.extend(0u32.to_be_bytes());
+        b.extend(attributes.to_be_bytes());
+        b.extend(last_delta.to_be_bytes());
+        b.extend(vec![0u8; body]);
+        b
+    }
+
+    #[test]
+    fn control_batches_are_recognised_from_their_header() {
+        let check = |bytes: &[u8], expected: Option<(i64, usize)>| assert_eq!(control_batch(bytes), expected);
+        // A transaction marker at offset 7: skipped whole, checksum unread.
+        check(&batch(7, CONTROL_BATCH, 0, 10), Some((8, 37)));
+        check(&batch(7, CONTROL_BATCH | 0x10, 2, 10), Some((10, 37))); // transactional too
+                                                                       // Data batches, truncated ones and other magics are left to the decoder.
+        check(&batch(7, 0, 0, 10), None);
+        check(&batch(7, CONTROL_BATCH, 0, 10)[..30], None);
+        check(&[0; 10], None);
+        let mut old = batch(7, CONTROL_BATCH, 0, 10);
+        old[16] = 1;
+        check(&old, None);
+    }
 }

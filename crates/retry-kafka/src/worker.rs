@@ -115,6 +115,9 @@ impl<H: RecordHandler> Worker<H> {
         };
         tracing::info!(%topic, partition, offset, "partition assigned; consuming");
         let mut backoff = pauses(Duration::from_millis(100), Duration::from_secs(5));
+        let mut warned_fallback = false;
+        // Set while a batch that no decoder reads holds the partition.
+        let mut undecodable: Option<Stall> = None;
         // Brokers that answer an empty fetch at once, ignoring its max wait,
         // must not make an idle partition spin: wait longer after each.
         let mut idle = Duration::ZERO;
@@ -151,6 +154,7 @@ impl<H: RecordHandler> Worker<H> {
                 }
                 Ok((records, high_watermark)) => {
                     backoff.reset();
+                    undecodable = None;
                     if records.is_empty() {
                         if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2 {
                             idle = (idle * 2).clamp(Duration::from_millis(10), self.shared.config.fetch_max_wait);
@@ -186,18 +190,36 @@ impl<H: RecordHandler> Worker<H> {
                         result = fetch => result,
                     };
                     match fallback {
-                        Ok(records) if !records.is_empty() => {
+                        Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
+                            undecodable = None;
                             bump(&self.shared.stats.fallback_fetches);
-                            tracing::warn!(%topic, partition, offset, rskafka_error = %e, records = records.len(), "decoded a batch rskafka could not");
-                            if !self.process_batch(records, &mut offset).await {
+                            // Said once per partition; the counter keeps the tally.
+                            if !warned_fallback {
+                                warned_fallback = true;
+                                tracing::warn!(%topic, partition, offset, rskafka_error = %e, records = decoded.records.len(), "decoded a batch rskafka could not (null header values, lz4 or zstd, a transaction marker); later ones are counted in fallback_fetches");
+                            } else {
+                                tracing::debug!(%topic, partition, offset, records = decoded.records.len(), "decoded a batch rskafka could not");
+                            }
+                            let next = decoded.next_offset.unwrap_or(offset);
+                            if !decoded.records.is_empty() && !self.process_batch(decoded.records, &mut offset).await {
                                 return;
+                            }
+                            if next > offset {
+                                // Only control batches (transaction markers) there.
+                                offset = next;
+                                self.tracker.done(&self.tp, next);
                             }
                         }
                         other => {
                             bump(&self.shared.stats.fetch_failures);
                             let fallback_error =
                                 other.err().map(|e| e.to_string()).unwrap_or_else(|| "no records".into());
-                            tracing::error!(%topic, partition, offset, error = %e, %fallback_error, "undecodable batch; retrying");
+                            if undecodable.is_none() {
+                                tracing::error!(%topic, partition, offset, error = %e, %fallback_error, "the partition is stalled: a batch neither decoder can read; retrying (nothing is skipped: fix or delete the batch)");
+                                undecodable = Some(Stall::new(&self.shared, &self.tp));
+                            } else {
+                                tracing::debug!(%topic, partition, offset, %fallback_error, "the batch is still undecodable");
+                            }
                             if self.pause(backoff.next()).await {
                                 return;
                             }
