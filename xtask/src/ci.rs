@@ -201,6 +201,7 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     run(cargo_in_root().args(["fmt", "--all", "--check"]))?;
     run(cargo_in_root().args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]))?;
     tidy_dependencies()?;
+    tidy_layers()?;
     let deny = crate::paths::cargo_install_cached(
         "cargo-deny",
         CARGO_DENY_VERSION,
@@ -231,6 +232,40 @@ fn alert_rules() -> anyhow::Result<()> {
     promtool(&["check", "rules", "alerts.yml"])?;
     promtool(&["check", "config", "prometheus.yml"])?;
     promtool(&["test", "rules", "alerts.test.yml"])
+}
+
+/// Only `retry-kafka`'s `protocol/` names `kafka_protocol`: the layers above
+/// it speak in the crate's own types, so the wire library can change under
+/// one folder.
+fn tidy_layers() -> anyhow::Result<()> {
+    let src = workspace_root().join("crates").join("retry-kafka").join("src");
+    let protocol = src.join("protocol");
+    let mut offenders = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                if path != protocol {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path)?;
+                if text.contains("kafka_protocol") {
+                    offenders.push(path.strip_prefix(workspace_root()).unwrap_or(&path).display().to_string());
+                }
+            }
+        }
+    }
+    if !offenders.is_empty() {
+        offenders.sort();
+        bail!(
+            "only crates/retry-kafka/src/protocol/ may name kafka_protocol; these do:\n  {}",
+            offenders.join("\n  ")
+        );
+    }
+    eprintln!("tidy: only retry-kafka's protocol/ names kafka_protocol");
+    Ok(())
 }
 
 /// The cargo-deny release CI uses; its cache entry is keyed by it.

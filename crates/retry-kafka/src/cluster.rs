@@ -27,7 +27,7 @@ use rskafka::{
     topic::Topic,
 };
 
-use crate::{listener::connect, ConnectionConfig, Error, Result};
+use crate::{consumer::listener::connect, ConnectionConfig, Error, Result};
 
 /// A replaceable rskafka client with deadlines.
 pub(crate) struct Cluster {

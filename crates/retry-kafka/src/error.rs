@@ -77,7 +77,7 @@ pub enum Error {
         /// What it was about (a group, a topic-partition), when known.
         context: Option<String>,
         /// The broker's error.
-        error: kafka_protocol::ResponseError,
+        error: crate::protocol::ResponseError,
     },
     /// rskafka (produce, fetch, metadata) failed.
     #[error("{what}: {source}")]
@@ -90,7 +90,7 @@ pub enum Error {
     },
     /// The ladder's topics are missing or have too few partitions.
     #[error(transparent)]
-    Topics(#[from] crate::topics::TopicProblems),
+    Topics(#[from] crate::admin::topics::TopicProblems),
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -101,7 +101,7 @@ pub enum Error {
 
 impl Error {
     /// The broker error code, if the broker answered with one.
-    pub fn broker_error(&self) -> Option<kafka_protocol::ResponseError> {
+    pub fn broker_error(&self) -> Option<crate::protocol::ResponseError> {
         match self {
             Error::Broker { error, .. } => Some(*error),
             _ => None,
@@ -111,7 +111,7 @@ impl Error {
     /// Whether the connection this came from must be dropped and re-made:
     /// transport failures, timeouts, and a coordinator that moved.
     pub(crate) fn needs_reconnect(&self) -> bool {
-        use kafka_protocol::ResponseError::*;
+        use crate::protocol::ResponseError::*;
         match self {
             Error::Connect { .. } | Error::Io { .. } | Error::Timeout { .. } | Error::Protocol { .. } => true,
             Error::Broker { error, .. } => {

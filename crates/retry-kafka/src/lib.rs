@@ -40,37 +40,30 @@
 //! # }
 //! ```
 
-mod assignor;
+mod admin;
 mod backoff;
 mod cluster;
-mod commit;
-mod dead_letters;
-mod dlq;
+mod consumer;
 mod error;
-mod fallback;
-mod group;
-mod handler;
-mod listener;
-mod member;
 mod metrics;
-mod offsets;
-mod position;
+mod protocol;
 mod publisher;
 mod stats;
-mod topics;
-mod wire;
-mod worker;
 
 use std::time::Duration;
 
-pub use dead_letters::{DeadLetter, DeadLetterAdmin, DeadLetterStatus, PartitionStatus, ReplayReport, ReplayRequest};
+pub use admin::{
+    dead_letters::{DeadLetter, DeadLetterAdmin, DeadLetterStatus, PartitionStatus, ReplayReport, ReplayRequest},
+    offsets::GroupOffsets,
+    topics::{Created, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec},
+};
+pub use consumer::{
+    handler::{ConsumedRecord, RecordHandler},
+    listener::{Listener, ListenerConfig, OffsetReset, Readiness},
+};
 pub use error::{Error, Result};
-pub use group::TopicPartition;
-pub use handler::{ConsumedRecord, RecordHandler};
-pub use listener::{Listener, ListenerConfig, OffsetReset, Readiness};
-pub use offsets::GroupOffsets;
+pub use protocol::{group::TopicPartition, ResponseError};
 pub use stats::{ListenerStats, StatsSnapshot};
-pub use topics::{Created, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec};
 
 /// How to reach the cluster.
 #[derive(Debug, Clone)]

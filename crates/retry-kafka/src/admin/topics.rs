@@ -3,20 +3,9 @@
 
 use std::{fmt, time::Duration};
 
-use kafka_protocol::{
-    messages::{
-        create_topics_request::{CreatableTopic, CreatableTopicConfig},
-        CreateTopicsRequest, TopicName,
-    },
-    ResponseError,
-};
 use retry_core::RetryTopology;
 
-use crate::{
-    cluster::Cluster,
-    wire::{str_bytes, Connection},
-    ConnectionConfig, Error, Result,
-};
+use crate::{cluster::Cluster, protocol::create_topics, ConnectionConfig, Error, Result};
 
 /// A topic's part in the ladder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,48 +104,7 @@ impl TopicPlan {
     pub async fn create(&self, config: &ConnectionConfig, include_source: bool) -> Result<Vec<(String, Created)>> {
         let specs: Vec<TopicSpec> =
             self.specs().into_iter().filter(|s| include_source || s.role != TopicRole::Source).collect();
-        let addr = config.bootstrap.first().expect("bootstrap brokers are never empty");
-        let mut conn = Connection::connect(addr, &config.client_id, config.request_timeout).await?;
-        let request = CreateTopicsRequest::default()
-            .with_timeout_ms(i32::try_from(config.request_timeout.as_millis()).unwrap_or(i32::MAX))
-            .with_topics(
-                specs
-                    .iter()
-                    .map(|s| {
-                        CreatableTopic::default()
-                            .with_name(TopicName(str_bytes(&s.name)))
-                            .with_num_partitions(s.partitions)
-                            .with_replication_factor(s.replication_factor)
-                            .with_configs(
-                                s.configs
-                                    .iter()
-                                    .map(|(k, v)| {
-                                        CreatableTopicConfig::default()
-                                            .with_name(str_bytes(k))
-                                            .with_value(Some(str_bytes(v)))
-                                    })
-                                    .collect(),
-                            )
-                    })
-                    .collect(),
-            );
-        let (response, _) = conn.send(&request).await?;
-        let mut outcome = Vec::new();
-        for result in &response.topics {
-            let name = result.name.0.to_string();
-            match ResponseError::try_from_code(result.error_code) {
-                None => outcome.push((name, Created::Created)),
-                Some(ResponseError::TopicAlreadyExists) => outcome.push((name, Created::AlreadyExists)),
-                Some(error) => {
-                    let message = result.error_message.as_ref().map(|m| format!(" ({m})")).unwrap_or_default();
-                    return Err(Error::Broker {
-                        api: "CreateTopics",
-                        context: Some(format!("topic {name}{message}")),
-                        error,
-                    });
-                }
-            }
-        }
+        let outcome = create_topics(config, &specs).await?;
         // Existing topics must still have the right shape.
         self.verify_with(&Cluster::connect(config).await?).await?;
         Ok(outcome)

@@ -17,14 +17,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     backoff::pauses,
-    group::GroupClient,
     metrics::Metrics,
+    protocol::group::GroupClient,
     stats::{bump, ListenerStats},
     ListenerConfig, TopicPartition,
 };
 
 /// The highest finished offset of each partition a member consumed, kept
-/// across its generations (see [`crate::position::resume_at`]).
+/// across its generations (see [`crate::consumer::position::resume_at`]).
 pub(crate) type Progress = Arc<Mutex<BTreeMap<TopicPartition, i64>>>;
 
 /// Where workers report finished offsets.

@@ -11,20 +11,20 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use kafka_protocol::ResponseError;
 use retry_core::Stage;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    assignor,
     backoff::pauses,
-    commit::{Committer, Progress},
-    group::GroupClient,
-    listener::Shared,
-    position,
+    consumer::{
+        commit::{Committer, Progress},
+        listener::Shared,
+        position,
+        worker::{StopSignals, Worker},
+    },
+    protocol::{assignor, group::GroupClient, ResponseError},
     stats::bump,
-    worker::{StopSignals, Worker},
     RecordHandler, TopicPartition,
 };
 
@@ -485,8 +485,9 @@ mod tests {
         AfterHeartbeat, AfterJoinError, EndKind,
         Expectation::{self, *},
     };
-    use kafka_protocol::ResponseError;
     use std::time::Duration;
+
+    use crate::protocol::ResponseError;
 
     /// Whether a JoinGroup answer (`generation`, naming us `leader` or not)
     /// keeps `expectation`.

@@ -20,8 +20,8 @@ use kafka_protocol::{
 };
 
 use crate::{
-    assignor::{self, Assignment},
-    wire::{check, str_bytes, Connection},
+    protocol::assignor::{self, Assignment},
+    protocol::wire::{check, str_bytes, Connection},
     ConnectionConfig, Error, Result,
 };
 

@@ -12,8 +12,8 @@ use tokio::sync::Mutex;
 
 use crate::{
     cluster::{deadline, Cluster},
-    fallback::Fetched,
-    group::GroupClient,
+    protocol::fallback::Fetched,
+    protocol::group::GroupClient,
     publisher::Outgoing,
     publisher::Publisher,
     ConnectionConfig, Result,
@@ -132,7 +132,11 @@ impl DeadLetterAdmin {
         operators_group: &str,
     ) -> Self {
         DeadLetterAdmin {
-            publisher: Publisher::new(cluster.clone(), crate::listener::DEFAULT_MAX_REQUEST_BYTES, Default::default()),
+            publisher: Publisher::new(
+                cluster.clone(),
+                crate::consumer::listener::DEFAULT_MAX_REQUEST_BYTES,
+                Default::default(),
+            ),
             operators: Mutex::new(GroupClient::new(connection, operators_group)),
             cluster,
             policy,

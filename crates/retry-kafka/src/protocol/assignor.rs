@@ -13,7 +13,7 @@ use kafka_protocol::{
     protocol::Encodable,
 };
 
-use crate::wire::str_bytes;
+use crate::protocol::wire::str_bytes;
 
 /// The assignment strategy we implement and announce.
 pub(crate) const RANGE: &str = "range";

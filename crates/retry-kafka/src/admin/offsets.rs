@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use crate::{group::GroupClient, ConnectionConfig, Result, TopicPartition};
+use crate::{protocol::group::GroupClient, ConnectionConfig, Result, TopicPartition};
 
 /// A group's committed offsets, read and written from outside the group:
 /// what operators' tools and tests use. Offsets are ordinary group offsets,

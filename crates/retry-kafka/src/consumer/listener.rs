@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    dlq::BacklogMonitor, member::Member, metrics::Metrics, publisher::Publisher, stats::ListenerStats,
+    admin::dlq::BacklogMonitor, consumer::member::Member, metrics::Metrics, publisher::Publisher, stats::ListenerStats,
     ConnectionConfig, DeadLetterAdmin, Error, RecordHandler, Result, TopicPlan,
 };
 

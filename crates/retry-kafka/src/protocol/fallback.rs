@@ -23,7 +23,7 @@ use retry_core::{Headers, Timestamp};
 use rskafka::record::RecordAndOffset;
 
 use crate::{
-    wire::{check, str_bytes, Connection},
+    protocol::wire::{check, str_bytes, Connection},
     ConnectionConfig, Error, Result,
 };
 

@@ -1,0 +1,9 @@
+//! Administration: the ladder's topics (`topics`: explicit creation,
+//! start-up verification), the dead-letter topic (`dead_letters`: status,
+//! browse, replay, acknowledge; `dlq`: the backlog gauge) and a group's
+//! offsets seen from outside (`offsets`).
+
+pub(crate) mod dead_letters;
+pub(crate) mod dlq;
+pub(crate) mod offsets;
+pub(crate) mod topics;

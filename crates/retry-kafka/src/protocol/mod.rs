@@ -1,0 +1,19 @@
+//! The Kafka wire protocol where rskafka does not speak it, through the
+//! `kafka-protocol` crate: one framed connection with version negotiation
+//! (`wire`), the classic consumer-group protocol (`group`) and its wire
+//! formats and range assignor (`assignor`), topic creation with configs
+//! (`create_topics`), and the fallback decoder for batches rskafka cannot
+//! read (`fallback`).
+//!
+//! This is the only module that names `kafka_protocol` (`cargo xtask ci`
+//! checks): the rest of the crate speaks in our own types, and the broker's
+//! error codes as [`ResponseError`], re-exported here.
+
+pub(crate) mod assignor;
+mod create_topics;
+pub(crate) mod fallback;
+pub(crate) mod group;
+pub(crate) mod wire;
+
+pub(crate) use create_topics::create_topics;
+pub use kafka_protocol::ResponseError;
