@@ -55,7 +55,22 @@ pub(crate) enum Action {
 pub(crate) fn run(action: Action) -> anyhow::Result<()> {
     match action {
         Action::Up { docker, mock, brokers, port } => {
+            let wanted = if docker {
+                Kind::Docker
+            } else if mock {
+                Kind::Mock
+            } else {
+                Kind::Tansu
+            };
             if let Some(broker) = Broker::load()? {
+                if broker.answers() && broker.kind != wanted {
+                    bail!(
+                        "a {} broker is running at {} ({}): stop it with `cargo xtask broker down` first",
+                        broker.kind.name(),
+                        broker.addr,
+                        broker.describe()
+                    );
+                }
                 if broker.answers() {
                     println!("broker already running at {} ({})", broker.addr, broker.describe());
                     broker.print_env();

@@ -259,10 +259,7 @@ fn tidy_layers() -> anyhow::Result<()> {
     }
     if !offenders.is_empty() {
         offenders.sort();
-        bail!(
-            "only crates/retry-kafka/src/protocol/ may name kafka_protocol; these do:\n  {}",
-            offenders.join("\n  ")
-        );
+        bail!("only crates/retry-kafka/src/protocol/ may name kafka_protocol; these do:\n  {}", offenders.join("\n  "));
     }
     eprintln!("tidy: only retry-kafka's protocol/ names kafka_protocol");
     Ok(())

@@ -18,6 +18,7 @@ pub struct ListenerStats {
     pub(crate) positions_kept: AtomicU64,
     pub(crate) fetch_failures: AtomicU64,
     pub(crate) fallback_fetches: AtomicU64,
+    pub(crate) undecodable_fetches: AtomicU64,
     pub(crate) null_headers_dropped: AtomicU64,
 }
 
@@ -55,6 +56,9 @@ pub struct StatsSnapshot {
     pub fetch_failures: u64,
     /// Batches rskafka could not decode, read through the fallback decoder.
     pub fallback_fetches: u64,
+    /// rskafka fetches that failed to decode (each then read through the
+    /// fallback decoder, which the partition keeps using for a while).
+    pub undecodable_fetches: u64,
     /// Records whose null header values were dropped.
     pub null_headers_dropped: u64,
 }
@@ -77,6 +81,7 @@ impl ListenerStats {
             positions_kept: self.positions_kept.load(Relaxed),
             fetch_failures: self.fetch_failures.load(Relaxed),
             fallback_fetches: self.fallback_fetches.load(Relaxed),
+            undecodable_fetches: self.undecodable_fetches.load(Relaxed),
             null_headers_dropped: self.null_headers_dropped.load(Relaxed),
         }
     }

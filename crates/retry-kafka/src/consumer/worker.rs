@@ -18,7 +18,7 @@ use crate::{
     consumer::listener::{OffsetReset, Shared},
     consumer::position::{self, Doubt, Verdict},
     metrics::{Outcome, TopicMetrics},
-    protocol::fallback::{fetch_decoded, is_undecodable, Fetched},
+    protocol::fallback::{is_undecodable, FallbackReader, Fetched},
     publisher::{Outgoing, PublishFailure},
     stats::bump,
     ConsumedRecord, Error, RecordHandler, TopicPartition,
@@ -41,6 +41,10 @@ pub(crate) struct Worker<H> {
     pub(crate) signals: StopSignals,
     pub(crate) metrics: TopicMetrics,
 }
+
+/// How long a partition reads through the fallback reader after rskafka
+/// failed one of its batches, before it tries rskafka again.
+const FALLBACK_STICKS: Duration = Duration::from_secs(60);
 
 /// The most republications a worker holds before sending them.
 const MAX_OUTBOX: usize = 500;
@@ -118,10 +122,45 @@ impl<H: RecordHandler> Worker<H> {
         let mut warned_fallback = false;
         // Set while a batch that no decoder reads holds the partition.
         let mut undecodable: Option<Stall> = None;
+        let mut fallback = FallbackReader::new(&self.shared.config.connection, &topic, partition);
+        // After rskafka failed a batch, the partition's next fetches go
+        // straight to the fallback reader for a while: producers that
+        // compress with lz4 or zstd do so for every batch, and each would
+        // otherwise cost a failed rskafka fetch first.
+        let mut fallback_until: Option<tokio::time::Instant> = None;
         // Brokers that answer an empty fetch at once, ignoring its max wait,
         // must not make an idle partition spin: wait longer after each.
         let mut idle = Duration::ZERO;
         loop {
+            if fallback_until.is_some_and(|until| tokio::time::Instant::now() < until) {
+                let max_bytes = self.max_fetch_bytes();
+                let fetch = fallback.fetch(offset, max_bytes, self.shared.config.fetch_max_wait);
+                let result = tokio::select! {
+                    _ = self.signals.stop.cancelled() => return,
+                    result = fetch => result,
+                };
+                match result {
+                    Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
+                        bump(&self.shared.stats.fallback_fetches);
+                        let next = decoded.next_offset.unwrap_or(offset);
+                        if !decoded.records.is_empty() && !self.process_batch(decoded.records, &mut offset).await {
+                            return;
+                        }
+                        if next > offset {
+                            offset = next;
+                            self.tracker.done(&self.tp, next);
+                        }
+                    }
+                    // Caught up, or anything unusual: rskafka's path, which
+                    // knows how to wait, to doubt a position and to recover.
+                    Ok(_) => fallback_until = None,
+                    Err(e) => {
+                        tracing::debug!(%topic, partition, offset, error = %e, "the fallback reader failed; back to rskafka");
+                        fallback_until = None;
+                    }
+                }
+                continue;
+            }
             let max_wait = i32::try_from(self.shared.config.fetch_max_wait.as_millis()).unwrap_or(i32::MAX);
             let fetch = client.fetch_records(offset, 1..self.max_fetch_bytes(), max_wait);
             // The broker may hold a fetch for its max wait, then answers.
@@ -181,17 +220,19 @@ impl<H: RecordHandler> Worker<H> {
                     }
                 }
                 Err(e) if is_undecodable(&e) => {
+                    bump(&self.shared.stats.undecodable_fetches);
                     // rskafka cannot decode this batch (e.g. a null header
                     // value): read it ourselves rather than stall forever.
                     let max_bytes = self.max_fetch_bytes();
-                    let fetch = fetch_decoded(&self.shared.config.connection, &topic, partition, offset, max_bytes);
-                    let fallback = tokio::select! {
+                    let fetch = fallback.fetch(offset, max_bytes, Duration::ZERO);
+                    let decoded = tokio::select! {
                         _ = self.signals.stop.cancelled() => return,
                         result = fetch => result,
                     };
-                    match fallback {
+                    match decoded {
                         Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
                             undecodable = None;
+                            fallback_until = Some(tokio::time::Instant::now() + FALLBACK_STICKS);
                             bump(&self.shared.stats.fallback_fetches);
                             // Said once per partition; the counter keeps the tally.
                             if !warned_fallback {

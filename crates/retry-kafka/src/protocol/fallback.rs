@@ -98,21 +98,58 @@ fn control_batch(bytes: &[u8]) -> Option<(i64, usize)> {
         .then(|| (base_offset + i64::from(last_offset_delta) + 1, size))
 }
 
-/// Fetches `topic`/`partition` from `offset` from the partition's leader and
-/// decodes what comes back; records before `offset` (the start of a batch)
-/// and control batches are skipped.
-pub(crate) async fn fetch_decoded(
-    config: &ConnectionConfig,
+/// Reads one partition through kafka-protocol, keeping its connection to
+/// the partition's leader between fetches (a partition whose producers
+/// compress with lz4 or zstd reads every batch this way).
+pub(crate) struct FallbackReader {
+    config: ConnectionConfig,
+    topic: String,
+    partition: i32,
+    leader: Option<Connection>,
+}
+
+impl FallbackReader {
+    pub(crate) fn new(config: &ConnectionConfig, topic: &str, partition: i32) -> Self {
+        FallbackReader { config: config.clone(), topic: topic.to_owned(), partition, leader: None }
+    }
+
+    /// Fetches from `offset`, waiting up to `max_wait` for records, and
+    /// decodes what comes back; records before `offset` (the start of a
+    /// batch) and control batches are skipped. Any error drops the
+    /// connection: the next fetch looks the leader up again.
+    pub(crate) async fn fetch(
+        &mut self,
+        offset: i64,
+        max_bytes: i32,
+        max_wait: std::time::Duration,
+    ) -> Result<Decoded> {
+        let mut conn = match self.leader.take() {
+            Some(conn) => conn,
+            None => {
+                let leader = leader_of(&self.config, &self.topic, self.partition).await?;
+                Connection::connect(&leader, &self.config.client_id, self.config.request_timeout).await?
+            }
+        };
+        let decoded = fetch_decoded(&mut conn, &self.topic, self.partition, offset, max_bytes, max_wait).await?;
+        self.leader = Some(conn);
+        Ok(decoded)
+    }
+}
+
+/// Fetches `topic`/`partition` from `offset` on `conn` (the leader's) and
+/// decodes what comes back.
+async fn fetch_decoded(
+    conn: &mut Connection,
     topic: &str,
     partition: i32,
     offset: i64,
     max_bytes: i32,
+    max_wait: std::time::Duration,
 ) -> Result<Decoded> {
-    let leader = leader_of(config, topic, partition).await?;
-    let mut conn = Connection::connect(&leader, &config.client_id, config.request_timeout).await?;
+    let leader = conn.addr().to_owned();
     let request = FetchRequest::default()
         .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(0)
+        .with_max_wait_ms(i32::try_from(max_wait.as_millis()).unwrap_or(i32::MAX))
         .with_min_bytes(1)
         .with_max_bytes(max_bytes)
         .with_isolation_level(0)
@@ -126,7 +163,8 @@ pub(crate) async fn fetch_decoded(
                 .with_log_start_offset(-1)
                 .with_partition_max_bytes(max_bytes),
         ])]);
-    let (response, version) = conn.send(&request).await?;
+    // The broker may hold the fetch for its max wait before answering.
+    let (response, version) = conn.send_within(&request, conn.timeout() + max_wait).await?;
     if version >= 7 {
         check("Fetch", || format!("{topic}/{partition}"), response.error_code)?;
     }

@@ -145,6 +145,11 @@ impl Connection {
         &self.addr
     }
 
+    /// How long one request may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// The version of `R` to use: the highest that both we and the broker support.
     pub(crate) fn version_of<R: Request>(&self) -> Result<i16> {
         let key = ApiKey::try_from(R::KEY).map_err(|()| self.protocol_error::<R>("unknown api key".into()))?;
