@@ -35,6 +35,60 @@ impl Doubt {
     }
 }
 
+/// What a fetch came back with, as far as deciding the next step goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FetchOutcome {
+    /// Records (perhaps none) and the partition's high watermark.
+    Records {
+        /// How many.
+        count: usize,
+        /// The high watermark the broker reported.
+        high_watermark: i64,
+    },
+    /// OFFSET_OUT_OF_RANGE.
+    OutOfRange,
+    /// An answer rskafka could not decode.
+    Undecodable,
+    /// No answer within the deadline.
+    NoAnswer,
+    /// Any other failure (a broker error, a broken connection).
+    Failed,
+}
+
+/// What a worker does after a fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterFetch {
+    /// Handle the records.
+    Process,
+    /// Caught up: wait for more.
+    Wait,
+    /// Check the position against the log's range before going on.
+    CheckPosition(Doubt),
+    /// Read the same offsets through the fallback decoder.
+    Fallback,
+    /// Replace the partition's connection, then fetch again.
+    Reconnect,
+    /// Refresh metadata, back off, fetch again.
+    Retry,
+}
+
+impl AfterFetch {
+    /// The step after a fetch at `position` came back with `outcome`.
+    pub(crate) fn of(position: i64, outcome: FetchOutcome) -> AfterFetch {
+        match outcome {
+            FetchOutcome::Records { count, high_watermark } => match Doubt::of_fetch(position, count, high_watermark) {
+                Some(doubt) => AfterFetch::CheckPosition(doubt),
+                None if count == 0 => AfterFetch::Wait,
+                None => AfterFetch::Process,
+            },
+            FetchOutcome::OutOfRange => AfterFetch::CheckPosition(Doubt::OutOfRange),
+            FetchOutcome::Undecodable => AfterFetch::Fallback,
+            FetchOutcome::NoAnswer => AfterFetch::Reconnect,
+            FetchOutcome::Failed => AfterFetch::Retry,
+        }
+    }
+}
+
 /// The verdict on a doubted position, given the log's range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -114,6 +168,23 @@ mod tests {
     #[track_caller]
     fn check_doubt(position: i64, records: usize, high_watermark: i64, expected: Option<Doubt>) {
         assert_eq!(Doubt::of_fetch(position, records, high_watermark), expected);
+    }
+
+    #[test]
+    fn after_a_fetch() {
+        let records = |count, high_watermark| FetchOutcome::Records { count, high_watermark };
+        let check = |position, outcome, expected| {
+            assert_eq!(AfterFetch::of(position, outcome), expected, "{outcome:?} at {position}");
+        };
+        check(5, records(3, 8), AfterFetch::Process);
+        check(5, records(0, 5), AfterFetch::Wait);
+        check(5, records(0, 9), AfterFetch::Wait); // the records may be behind a filter (aborted, control)
+        check(5, records(0, 4), AfterFetch::CheckPosition(Doubt::EmptyAboveHighWatermark { high_watermark: 4 }));
+        check(5, records(2, 4), AfterFetch::Process); // records came: nothing to doubt
+        check(5, FetchOutcome::OutOfRange, AfterFetch::CheckPosition(Doubt::OutOfRange));
+        check(5, FetchOutcome::Undecodable, AfterFetch::Fallback);
+        check(5, FetchOutcome::NoAnswer, AfterFetch::Reconnect);
+        check(5, FetchOutcome::Failed, AfterFetch::Retry);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::{
     cluster::deadline,
     consumer::commit::CommitTracker,
     consumer::listener::{OffsetReset, Shared},
-    consumer::position::{self, Doubt, Verdict},
+    consumer::position::{self, AfterFetch, Doubt, FetchOutcome, Verdict},
     metrics::{Outcome, TopicMetrics},
     protocol::fallback::{is_undecodable, FallbackReader, Fetched},
     publisher::{Outgoing, PublishFailure},
@@ -170,19 +170,29 @@ impl<H: RecordHandler> Worker<H> {
                 _ = self.signals.stop.cancelled() => return,
                 result = tokio::time::timeout(fetch_deadline, fetch) => result,
             };
-            let Ok(result) = result else {
-                bump(&self.shared.stats.fetch_failures);
-                tracing::warn!(%topic, partition, offset, timeout = ?fetch_deadline, "a fetch got no answer; replacing the partition's connection");
-                let Some(new) = self.connect().await else { return };
-                client = new;
-                continue;
+            let outcome = match &result {
+                Err(_) => FetchOutcome::NoAnswer,
+                Ok(Ok((records, high_watermark))) => {
+                    FetchOutcome::Records { count: records.len(), high_watermark: *high_watermark }
+                }
+                Ok(Err(ClientError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. })) => {
+                    FetchOutcome::OutOfRange
+                }
+                Ok(Err(e)) if is_undecodable(e) => FetchOutcome::Undecodable,
+                Ok(Err(_)) => FetchOutcome::Failed,
             };
-            match result {
-                Ok((records, high_watermark)) if Doubt::of_fetch(offset, records.len(), high_watermark).is_some() => {
-                    // Some brokers answer a position past the end this way
-                    // instead of OFFSET_OUT_OF_RANGE; so does a new leader
-                    // whose high watermark still trails. Check before resetting.
-                    let doubt = Doubt::EmptyAboveHighWatermark { high_watermark };
+            match (AfterFetch::of(offset, outcome), result) {
+                (AfterFetch::Reconnect, _) => {
+                    bump(&self.shared.stats.fetch_failures);
+                    tracing::warn!(%topic, partition, offset, timeout = ?fetch_deadline, "a fetch got no answer; replacing the partition's connection");
+                    let Some(new) = self.connect().await else { return };
+                    client = new;
+                }
+                (AfterFetch::CheckPosition(doubt), _) => {
+                    // Some brokers answer a position past the end with an
+                    // empty fetch instead of OFFSET_OUT_OF_RANGE; a new leader
+                    // whose high watermark still trails, or a follower, can
+                    // answer either. Check before resetting.
                     match self.check_position(&mut client, offset, doubt).await {
                         Some(new) => offset = new,
                         None => return,
@@ -191,18 +201,19 @@ impl<H: RecordHandler> Worker<H> {
                         return;
                     }
                 }
-                Ok((records, high_watermark)) => {
+                (AfterFetch::Wait, _) => {
                     backoff.reset();
                     undecodable = None;
-                    if records.is_empty() {
-                        if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2 {
-                            idle = (idle * 2).clamp(Duration::from_millis(10), self.shared.config.fetch_max_wait);
-                            if self.pause(idle).await {
-                                return;
-                            }
+                    if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2 {
+                        idle = (idle * 2).clamp(Duration::from_millis(10), self.shared.config.fetch_max_wait);
+                        if self.pause(idle).await {
+                            return;
                         }
-                        continue;
                     }
+                }
+                (AfterFetch::Process, Ok(Ok((records, high_watermark)))) => {
+                    backoff.reset();
+                    undecodable = None;
                     idle = Duration::ZERO;
                     let records = records.into_iter().map(Fetched::from).collect();
                     if !self.process_batch(records, &mut offset).await {
@@ -210,16 +221,7 @@ impl<H: RecordHandler> Worker<H> {
                     }
                     self.shared.metrics.lag(&topic, partition, high_watermark - offset);
                 }
-                Err(ClientError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. }) => {
-                    match self.check_position(&mut client, offset, Doubt::OutOfRange).await {
-                        Some(new) => offset = new,
-                        None => return,
-                    }
-                    if self.pause(backoff.next()).await {
-                        return;
-                    }
-                }
-                Err(e) if is_undecodable(&e) => {
+                (AfterFetch::Fallback, Ok(Err(e))) => {
                     bump(&self.shared.stats.undecodable_fetches);
                     // rskafka cannot decode this batch (e.g. a null header
                     // value): read it ourselves rather than stall forever.
@@ -267,9 +269,10 @@ impl<H: RecordHandler> Worker<H> {
                         }
                     }
                 }
-                Err(e) => {
+                (_, other) => {
                     bump(&self.shared.stats.fetch_failures);
-                    tracing::warn!(%topic, partition, offset, error = %e, "fetch failed; retrying");
+                    let error = other.ok().and_then(Result::err).map(|e| e.to_string()).unwrap_or_default();
+                    tracing::warn!(%topic, partition, offset, %error, "fetch failed; retrying");
                     self.shared.cluster.refresh_metadata().await;
                     if self.pause(backoff.next()).await {
                         return;
