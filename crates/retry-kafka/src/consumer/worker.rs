@@ -18,7 +18,7 @@ use crate::{
     consumer::listener::{OffsetReset, Shared},
     consumer::position::{self, AfterFetch, Doubt, FetchOutcome, Verdict},
     metrics::{Outcome, TopicMetrics},
-    protocol::fallback::{is_undecodable, FallbackReader, Fetched},
+    protocol::fallback::{is_undecodable, Decoded, FallbackReader, Fetched},
     publisher::{Outgoing, PublishFailure},
     stats::bump,
     ConsumedRecord, Error, RecordHandler, TopicPartition,
@@ -141,14 +141,8 @@ impl<H: RecordHandler> Worker<H> {
                 };
                 match result {
                     Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
-                        bump(&self.shared.stats.fallback_fetches);
-                        let next = decoded.next_offset.unwrap_or(offset);
-                        if !decoded.records.is_empty() && !self.process_batch(decoded.records, &mut offset).await {
+                        if !self.take_decoded(decoded, &mut offset).await {
                             return;
-                        }
-                        if next > offset {
-                            offset = next;
-                            self.tracker.done(&self.tp, next);
                         }
                     }
                     // Caught up, or anything unusual: rskafka's path, which
@@ -235,7 +229,6 @@ impl<H: RecordHandler> Worker<H> {
                         Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
                             undecodable = None;
                             fallback_until = Some(tokio::time::Instant::now() + FALLBACK_STICKS);
-                            bump(&self.shared.stats.fallback_fetches);
                             // Said once per partition; the counter keeps the tally.
                             if !warned_fallback {
                                 warned_fallback = true;
@@ -243,14 +236,8 @@ impl<H: RecordHandler> Worker<H> {
                             } else {
                                 tracing::debug!(%topic, partition, offset, records = decoded.records.len(), "decoded a batch rskafka could not");
                             }
-                            let next = decoded.next_offset.unwrap_or(offset);
-                            if !decoded.records.is_empty() && !self.process_batch(decoded.records, &mut offset).await {
+                            if !self.take_decoded(decoded, &mut offset).await {
                                 return;
-                            }
-                            if next > offset {
-                                // Only control batches (transaction markers) there.
-                                offset = next;
-                                self.tracker.done(&self.tp, next);
                             }
                         }
                         other => {
@@ -280,6 +267,22 @@ impl<H: RecordHandler> Worker<H> {
                 }
             }
         }
+    }
+
+    /// Handles what the fallback decoder read, and moves past the control
+    /// batches (transaction markers) after its records. False when the
+    /// worker must stop.
+    async fn take_decoded(&self, decoded: Decoded, offset: &mut i64) -> bool {
+        bump(&self.shared.stats.fallback_fetches);
+        let next = decoded.next_offset.unwrap_or(*offset);
+        if !decoded.records.is_empty() && !self.process_batch(decoded.records, offset).await {
+            return false;
+        }
+        if next > *offset {
+            *offset = next;
+            self.tracker.done(&self.tp, next);
+        }
+        true
     }
 
     /// Handles a fetched batch in order. Its republications are sent
