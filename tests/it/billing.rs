@@ -610,66 +610,83 @@ async fn dead_partition(setup: &Setup) -> i32 {
     panic!("no dead letters")
 }
 
-#[tokio::test]
-async fn a_second_replay_while_one_runs_is_refused_with_409() {
-    use rskafka::{
-        client::partition::{Compression, UnknownTopicHandling},
-        record::Record,
-    };
-    let setup = Setup::new("billing-409");
-    setup.create_topics().await;
-    let provider = FakeProvider::start(Faults::default()).await;
-    let service = setup.start_with(&provider, &[("ADMIN_TOKEN", TOKEN)]).await;
-    // Enough dead letters, each with retry headers, that a replay takes a while.
-    let client = integration::rskafka_client().await;
-    let dlq = client.partition_client(setup.dlq(), 0, UnknownTopicHandling::Retry).await.unwrap();
-    let headers: BTreeMap<String, Vec<u8>> =
-        (0..11).map(|i| (format!("x-bulk-{i}"), b"1700000000000".to_vec())).collect();
-    let records: Vec<Record> = (0..2000)
-        .map(|i| Record {
-            key: Some(format!("k{i}").into_bytes()),
-            // The first one is not UTF-8: the API shows it as base64.
-            value: Some(if i == 0 { vec![0xff, 0xfe] } else { b"{}".to_vec() }),
-            headers: headers.clone(),
-            timestamp: chrono::TimeZone::timestamp_millis_opt(&chrono::Utc, 1_700_000_000_000).unwrap(),
-        })
-        .collect();
-    // In batches of ten: brokers that answer a fetch with one batch (the
-    // mock cluster) then take 200 round trips to read them.
-    for batch in records.chunks(10) {
-        within("produce dead letters", dlq.produce(batch.to_vec(), Compression::NoCompression)).await.unwrap();
-    }
-
-    let path = format!("/admin/dlq/{}/replay?target_topic={}", setup.dlq(), setup.topic);
-    let dry = Some(r#"{"dry_run": true}"#.to_owned());
-    // The first takes the lock on arrival, then reads 2,000 records; the
-    // second comes 100 ms later.
-    let first = call(&service, reqwest::Method::POST, &path, Some(TOKEN), dry.clone());
-    let second = async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        call(&service, reqwest::Method::POST, &path, Some(TOKEN), dry.clone()).await
-    };
-    let started = Instant::now();
-    let ((first_status, first_body), (second_status, second_body)) = tokio::join!(first, second);
-    eprintln!("the first replay took {:?}", started.elapsed());
-    assert_eq!(first_status, 200, "{first_body}");
-    assert_eq!(first_body["replayed"], 2000);
-    assert_eq!(second_status, 409, "{second_body}");
-    assert!(second_body["error"].as_str().unwrap().contains("already running"), "{second_body}");
-    let page = format!("/admin/dlq/{}/messages?partition=0&limit=1", setup.dlq());
-    let (status, page) = call(&service, reqwest::Method::GET, &page, Some(TOKEN), None).await;
-    assert_eq!(status, 200, "{page}");
-    assert_eq!(page["messages"][0]["payload"], serde_json::json!({"base64": "//4="}));
-    assert!(page["messages"][0]["retry"]["undecodable"].is_string(), "{page}");
-    service.stop().await;
-}
-
 /// The billing service against the three-broker mock cluster, under the
 /// faults of a production week; in a module of its own so it runs with the
 /// other fault tests, one at a time.
 mod faults {
     use super::*;
     use crate::support::produce_batch;
+
+    /// A replay while another runs is refused with 409. Here because the
+    /// mock cluster slows every answer meanwhile, to make the race certain.
+    #[tokio::test]
+    async fn a_second_replay_while_one_runs_is_refused_with_409() {
+        use rskafka::{
+            client::partition::{Compression, UnknownTopicHandling},
+            record::Record,
+        };
+        let setup = Setup::new("billing-409");
+        setup.create_topics().await;
+        let provider = FakeProvider::start(Faults::default()).await;
+        let service = setup.start_with(&provider, &[("ADMIN_TOKEN", TOKEN)]).await;
+        // Enough dead letters, each with retry headers, that a replay takes a while.
+        let client = integration::rskafka_client().await;
+        let dlq = client.partition_client(setup.dlq(), 0, UnknownTopicHandling::Retry).await.unwrap();
+        let headers: BTreeMap<String, Vec<u8>> =
+            (0..11).map(|i| (format!("x-bulk-{i}"), b"1700000000000".to_vec())).collect();
+        let records: Vec<Record> = (0..2000)
+            .map(|i| Record {
+                key: Some(format!("k{i}").into_bytes()),
+                // The first one is not UTF-8: the API shows it as base64.
+                value: Some(if i == 0 { vec![0xff, 0xfe] } else { b"{}".to_vec() }),
+                headers: headers.clone(),
+                timestamp: chrono::TimeZone::timestamp_millis_opt(&chrono::Utc, 1_700_000_000_000).unwrap(),
+            })
+            .collect();
+        // tansu reads 200 batches slowly enough; the mock cluster answers a
+        // fetch with one batch, and is slowed below instead.
+        let mock = MockCluster::from_env();
+        let batch_size = if mock.is_some() { records.len() } else { 10 };
+        for batch in records.chunks(batch_size) {
+            within("produce dead letters", dlq.produce(batch.to_vec(), Compression::NoCompression)).await.unwrap();
+        }
+
+        // On the mock cluster, every answer comes 300 ms late while the replays
+        // run, so the first certainly still runs when the second arrives (this
+        // module runs alone there, so no other test sees the latency).
+        if let Some(mock) = &mock {
+            for broker in 1..=mock.brokers() {
+                mock.set_rtt(broker, Duration::from_millis(300)).await;
+            }
+        }
+        let path = format!("/admin/dlq/{}/replay?target_topic={}", setup.dlq(), setup.topic);
+        let dry = Some(r#"{"dry_run": true}"#.to_owned());
+        // The first takes the lock on arrival, then reads 2,000 records; the
+        // second comes 100 ms later.
+        let first = call(&service, reqwest::Method::POST, &path, Some(TOKEN), dry.clone());
+        let second = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            call(&service, reqwest::Method::POST, &path, Some(TOKEN), dry.clone()).await
+        };
+        let started = Instant::now();
+        let ((first_status, first_body), (second_status, second_body)) = tokio::join!(first, second);
+        eprintln!("the first replay took {:?}", started.elapsed());
+        if let Some(mock) = &mock {
+            for broker in 1..=mock.brokers() {
+                mock.set_rtt(broker, Duration::ZERO).await;
+            }
+        }
+        assert_eq!(first_status, 200, "{first_body}");
+        assert_eq!(first_body["replayed"], 2000);
+        assert_eq!(second_status, 409, "{second_body}");
+        assert!(second_body["error"].as_str().unwrap().contains("already running"), "{second_body}");
+        let page = format!("/admin/dlq/{}/messages?partition=0&limit=1", setup.dlq());
+        let (status, page) = call(&service, reqwest::Method::GET, &page, Some(TOKEN), None).await;
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["messages"][0]["payload"], serde_json::json!({"base64": "//4="}));
+        assert!(page["messages"][0]["retry"]["undecodable"].is_string(), "{page}");
+        service.stop().await;
+    }
 
     /// Produces `n` orders to `partition` in batches of a hundred.
     async fn produce_orders(setup: &Setup, partition: i32, n: usize, orders: &mut Vec<String>) {
