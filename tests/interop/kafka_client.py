@@ -13,6 +13,7 @@ script never creates topics.
 import argparse
 import faulthandler
 import json
+import os
 import sys
 import time
 
@@ -101,13 +102,25 @@ def parse_header(text):
 
 
 def common_config(brokers):
-    return {
+    config = {
         "bootstrap.servers": brokers,
         "client.id": "kafka-retry-interop",
         # Tests create their topics; a typo must fail, not make a new one.
         "allow.auto.create.topics": False,
         "error_cb": report_error,
     }
+    # Against a broker that requires SASL, the suite's credentials.
+    mechanism = os.environ.get("KAFKA_RETRY_SASL_MECHANISM")
+    if mechanism:
+        config.update(
+            {
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": mechanism,
+                "sasl.username": os.environ["KAFKA_RETRY_SASL_USERNAME"],
+                "sasl.password": os.environ["KAFKA_RETRY_SASL_PASSWORD"],
+            }
+        )
+    return config
 
 
 def consumer_config(brokers, group):

@@ -14,7 +14,7 @@ use integration::{
     unique_topic, within, MockCluster,
 };
 use retry_core::RetryTopology;
-use retry_kafka::{ConnectionConfig, TopicPlan};
+use retry_kafka::TopicPlan;
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
@@ -49,6 +49,7 @@ impl Setup {
             .env("BILLING_GROUP_ID", &self.group)
             .env("RETRY_SCHEDULE", self.schedule)
             .env("RUST_LOG", "info")
+            .envs(integration::billing_security_env())
             .stdin(Stdio::null())
             .kill_on_drop(true);
         cmd
@@ -68,7 +69,7 @@ impl Setup {
     async fn create_topics(&self) {
         if MockCluster::from_env().is_some() {
             let topology = RetryTopology::new(&self.topic, &self.schedule.parse().unwrap()).unwrap();
-            let connection = ConnectionConfig::new(&broker_addr(), "kafka-retry-it").unwrap();
+            let connection = integration::connection("kafka-retry-it");
             integration::create_plan(&TopicPlan::new(topology, 2), &connection).await;
             return;
         }
@@ -312,11 +313,14 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
     let (code, _, stderr) = setup.run(&["topics", "verify"], &[]).await;
     assert_eq!(code, 1, "{stderr}");
 
-    let bad: [(&str, &str, &str); 4] = [
+    let bad: [(&str, &str, &str); 7] = [
         ("RETRY_SCHEDULE", "5s,soon", "invalid retry schedule"),
         ("BILLING_PROVIDER_TIMEOUT", "0s", "--provider-timeout"),
         ("BILLING_PROVIDER_URL", "ftp://billing", "ftp"),
         ("ADMIN_LISTEN", "localhost", "--admin-listen"),
+        ("KAFKA_SECURITY_PROTOCOL", "SSL", "not supported yet"),
+        ("KAFKA_SECURITY_PROTOCOL", "KERBEROS", "unknown security protocol"),
+        ("KAFKA_SASL_MECHANISM", "GSSAPI", "unknown SASL mechanism"),
     ];
     for (name, value, expected) in bad {
         let mut env = BTreeMap::from(env);
@@ -329,6 +333,42 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
     let (code, _, stderr) = setup.run(&["run"], &[("ADMIN_LISTEN", "127.0.0.1:0")]).await;
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("BILLING_PROVIDER_URL"), "{stderr}");
+
+    // SASL settings that do not fit together, each named; the password never shown.
+    let secret = "sasl-secret-never-shown";
+    let sasl_bad: [(&[(&str, &str)], &str); 4] = [
+        (&[("KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")], "needs a SASL mechanism"),
+        (&[("KAFKA_SASL_USERNAME", "billing"), ("KAFKA_SASL_PASSWORD", secret)], "KAFKA_SASL_MECHANISM is required"),
+        (&[("KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"), ("KAFKA_SASL_PASSWORD", secret)], "KAFKA_SASL_USERNAME"),
+        (
+            &[
+                ("KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT"),
+                ("KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"),
+                ("KAFKA_SASL_USERNAME", "billing"),
+                ("KAFKA_SASL_PASSWORD_FILE", "/nonexistent/password"),
+            ],
+            "KAFKA_SASL_PASSWORD_FILE /nonexistent/password cannot be read",
+        ),
+    ];
+    for (settings, expected) in sasl_bad {
+        // Only these security settings: none inherited from the suite's.
+        let mut cmd = setup.command(&["topics", "verify"]);
+        for name in ["KAFKA_SECURITY_PROTOCOL", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"] {
+            cmd.env_remove(name);
+        }
+        cmd.envs(settings.iter().copied());
+        let out = within("billing-bin topics verify", cmd.output()).await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{settings:?}: {stderr}");
+        assert!(stderr.contains(expected), "{settings:?}: {stderr}");
+        assert!(!stderr.contains(secret), "{settings:?}: {stderr}");
+    }
+    let mut help = setup.command(&["--help"]);
+    help.env("KAFKA_SASL_PASSWORD", secret);
+    let out = within("billing-bin --help", help.output()).await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("KAFKA_SASL_PASSWORD"), "{text}");
+    assert!(!text.contains(secret), "--help shows the password:\n{text}");
 }
 
 #[tokio::test]
@@ -403,7 +443,7 @@ async fn metrics_count_outcomes_and_the_dead_letter_backlog_follows_the_operator
         }
     }
     let dead_partition = dead_partition.expect("the dead letter is somewhere");
-    let connection = retry_kafka::ConnectionConfig::new(&broker_addr(), "kafka-retry-it").unwrap();
+    let connection = integration::connection("kafka-retry-it");
     let mut operators = retry_kafka::GroupOffsets::new(connection, &format!("{}.dlq-operators", setup.group));
     let acknowledged = BTreeMap::from([((setup.dlq(), dead_partition), 1)]);
     within("acknowledge", operators.commit(&acknowledged)).await.unwrap();
@@ -676,10 +716,15 @@ mod faults {
                 mock.set_rtt(broker, Duration::ZERO).await;
             }
         }
-        assert_eq!(first_status, 200, "{first_body}");
-        assert_eq!(first_body["replayed"], 2000);
-        assert_eq!(second_status, 409, "{second_body}");
-        assert!(second_body["error"].as_str().unwrap().contains("already running"), "{second_body}");
+        // Which of the two takes the lock depends on which arrives first;
+        // one replays, the other is refused.
+        let (ran, refused) = match (first_status, second_status) {
+            (200, 409) => (first_body, second_body),
+            (409, 200) => (second_body, first_body),
+            other => panic!("expected one 200 and one 409, got {other:?}: {first_body} / {second_body}"),
+        };
+        assert_eq!(ran["replayed"], 2000, "{ran}");
+        assert!(refused["error"].as_str().unwrap().contains("already running"), "{refused}");
         let page = format!("/admin/dlq/{}/messages?partition=0&limit=1", setup.dlq());
         let (status, page) = call(&service, reqwest::Method::GET, &page, Some(TOKEN), None).await;
         assert_eq!(status, 200, "{page}");

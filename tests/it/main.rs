@@ -8,5 +8,6 @@ mod faults;
 mod group;
 mod interop;
 mod ladder;
+mod sasl;
 mod support;
 mod topics;

@@ -8,7 +8,7 @@ use std::{
 };
 
 use chrono::{TimeZone, Utc};
-use integration::{broker_addr, create_plan, rskafka_client, unique_topic, within, BROKER_TIMEOUT};
+use integration::{create_plan, rskafka_client, unique_topic, within, BROKER_TIMEOUT};
 use retry_core::{HandlerError, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
 use retry_kafka::{ConnectionConfig, ConsumedRecord, ListenerConfig, RecordHandler, TopicPlan};
 use rskafka::{
@@ -37,7 +37,7 @@ impl Ladder {
         let source = unique_topic(name);
         let schedule: RetrySchedule = schedule.parse().unwrap();
         let topology = RetryTopology::new(&source, &schedule).unwrap();
-        let connection = ConnectionConfig::new(&broker_addr(), "kafka-retry-it").unwrap();
+        let connection = integration::connection("kafka-retry-it");
         let plan = TopicPlan::new(topology.clone(), partitions);
         create_plan(&plan, &connection).await;
         Ladder {

@@ -11,7 +11,7 @@ use crate::support::{committed, eventually, init_tracing, produce, Ladder, Scrip
 fn plan(partitions: i32) -> (ConnectionConfig, RetryTopology, TopicPlan) {
     init_tracing();
     let topology = RetryTopology::new(&unique_topic("topics"), &"5s,1m".parse().unwrap()).unwrap();
-    let connection = ConnectionConfig::new(&integration::broker_addr(), "kafka-retry-it").unwrap();
+    let connection = integration::connection("kafka-retry-it");
     let plan = TopicPlan::new(topology.clone(), partitions);
     (connection, topology, plan)
 }

@@ -38,6 +38,47 @@ pub fn bootstrap() -> Vec<String> {
     broker_addr().split(',').map(str::to_owned).collect()
 }
 
+/// How the suite's clients authenticate: SASL when `cargo xtask integration`
+/// runs against a broker that requires it (`$KAFKA_RETRY_SASL_MECHANISM`,
+/// `_USERNAME`, `_PASSWORD`), else PLAINTEXT.
+pub fn security() -> retry_kafka::Security {
+    use retry_kafka::{SaslCredentials, Secret, Security, SecurityProtocol};
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    match var("KAFKA_RETRY_SASL_MECHANISM") {
+        None => Security::default(),
+        Some(mechanism) => {
+            let credentials = SaslCredentials {
+                mechanism: mechanism.parse().expect("KAFKA_RETRY_SASL_MECHANISM names a mechanism"),
+                username: var("KAFKA_RETRY_SASL_USERNAME").expect("KAFKA_RETRY_SASL_USERNAME is set"),
+                password: Secret::new(var("KAFKA_RETRY_SASL_PASSWORD").expect("KAFKA_RETRY_SASL_PASSWORD is set")),
+            };
+            Security::new(SecurityProtocol::SaslPlaintext, Some(credentials)).expect("valid SASL settings")
+        }
+    }
+}
+
+/// A connection config for the test broker, authenticating as [`security`] says.
+pub fn connection(client_id: &str) -> retry_kafka::ConnectionConfig {
+    let mut c = retry_kafka::ConnectionConfig::new(&broker_addr(), client_id).expect("a valid broker address");
+    c.security = security();
+    c
+}
+
+/// The settings `billing-bin` needs to authenticate as the tests do, as
+/// environment (none without SASL).
+pub fn billing_security_env() -> Vec<(&'static str, String)> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    match var("KAFKA_RETRY_SASL_MECHANISM") {
+        None => Vec::new(),
+        Some(mechanism) => vec![
+            ("KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT".to_owned()),
+            ("KAFKA_SASL_MECHANISM", mechanism),
+            ("KAFKA_SASL_USERNAME", var("KAFKA_RETRY_SASL_USERNAME").unwrap_or_default()),
+            ("KAFKA_SASL_PASSWORD", var("KAFKA_RETRY_SASL_PASSWORD").unwrap_or_default()),
+        ],
+    }
+}
+
 /// Which implementation of Kafka the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrokerKind {
@@ -254,13 +295,28 @@ pub async fn rskafka_client() -> rskafka::client::Client {
         base: 2.0,
         deadline: Some(Duration::from_secs(5)),
     };
-    let build =
-        rskafka::client::ClientBuilder::new(bootstrap()).client_id("kafka-retry-it").backoff_config(backoff).build();
+    let mut builder =
+        rskafka::client::ClientBuilder::new(bootstrap()).client_id("kafka-retry-it").backoff_config(backoff);
+    if let Some(c) = security().sasl() {
+        use retry_kafka::SaslMechanism;
+        let credentials = rskafka::client::Credentials::new(c.username.clone(), sasl_password());
+        builder = builder.sasl_config(match c.mechanism {
+            SaslMechanism::Plain => rskafka::client::SaslConfig::Plain(credentials),
+            SaslMechanism::ScramSha256 => rskafka::client::SaslConfig::ScramSha256(credentials),
+            SaslMechanism::ScramSha512 => rskafka::client::SaslConfig::ScramSha512(credentials),
+        });
+    }
+    let build = builder.build();
     match tokio::time::timeout(BROKER_TIMEOUT, build).await {
         Ok(Ok(client)) => client,
         Ok(Err(e)) => panic!("cannot connect to the broker at {addr}: {e}"),
         Err(_) => panic!("no answer from the broker at {addr} within {BROKER_TIMEOUT:?}"),
     }
+}
+
+/// The test broker's SASL password (the tests' own throwaway credential).
+fn sasl_password() -> String {
+    std::env::var("KAFKA_RETRY_SASL_PASSWORD").unwrap_or_default()
 }
 
 /// Awaits `fut`, failing the test if it takes longer than [`BROKER_TIMEOUT`].

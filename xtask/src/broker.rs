@@ -42,6 +42,10 @@ pub(crate) enum Action {
         /// How many brokers the mock cluster has.
         #[arg(long, default_value_t = 3, requires = "mock")]
         brokers: u8,
+        /// Run tansu requiring SASL (SCRAM-SHA-512) authentication; it also
+        /// prints the user and password.
+        #[arg(long, conflicts_with_all = ["docker", "mock"])]
+        sasl: bool,
         /// Port for tansu to listen on (default: a free ephemeral port).
         #[arg(long, conflicts_with_all = ["docker", "mock"])]
         port: Option<u16>,
@@ -54,11 +58,13 @@ pub(crate) enum Action {
 
 pub(crate) fn run(action: Action) -> anyhow::Result<()> {
     match action {
-        Action::Up { docker, mock, brokers, port } => {
+        Action::Up { docker, mock, brokers, sasl, port } => {
             let wanted = if docker {
                 Kind::Docker
             } else if mock {
                 Kind::Mock
+            } else if sasl {
+                Kind::TansuSasl
             } else {
                 Kind::Tansu
             };
@@ -79,12 +85,11 @@ pub(crate) fn run(action: Action) -> anyhow::Result<()> {
                 eprintln!("a stale broker record was found; cleaning it up");
                 broker.stop()?;
             }
-            let broker = if docker {
-                Broker::start_docker()?
-            } else if mock {
-                Broker::start_mock(brokers)?
-            } else {
-                Broker::start_tansu(port)?
+            let broker = match wanted {
+                Kind::Docker => Broker::start_docker()?,
+                Kind::Mock => Broker::start_mock(brokers)?,
+                Kind::TansuSasl => Broker::start_tansu_sasl(port)?,
+                Kind::Tansu => Broker::start_tansu(port)?,
             };
             broker.save()?;
             println!("broker running at {} ({})", broker.addr, broker.describe());
@@ -124,6 +129,8 @@ pub(crate) fn run(action: Action) -> anyhow::Result<()> {
 pub(crate) enum Kind {
     /// tansu, one broker.
     Tansu,
+    /// tansu requiring SASL (SCRAM-SHA-512) authentication.
+    TansuSasl,
     /// librdkafka's mock cluster: several brokers, fault injection.
     Mock,
     /// Apache Kafka under docker compose.
@@ -134,6 +141,7 @@ impl Kind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Kind::Tansu => "tansu",
+            Kind::TansuSasl => "tansu-sasl",
             Kind::Mock => "mock",
             Kind::Docker => "docker",
         }
@@ -176,6 +184,7 @@ impl Broker {
         };
         let kind = match field("kind").as_deref() {
             Some("tansu") => Kind::Tansu,
+            Some("tansu-sasl") => Kind::TansuSasl,
             Some("mock") => Kind::Mock,
             Some("docker") => Kind::Docker,
             other => bail!("{} is corrupt (kind {other:?}): delete it", path.display()),
@@ -206,6 +215,10 @@ impl Broker {
         match (self.kind, self.pid) {
             (Kind::Tansu, Some(pid)) => format!("tansu {TANSU_VERSION}, pid {pid}"),
             (Kind::Tansu, None) => format!("tansu {TANSU_VERSION}"),
+            (Kind::TansuSasl, pid) => {
+                let pid = pid.map(|p| format!(", pid {p}")).unwrap_or_default();
+                format!("tansu {TANSU_VERSION} requiring SASL SCRAM-SHA-512{pid}")
+            }
             (Kind::Mock, pid) => {
                 let brokers = self.addr.split(',').count();
                 let pid = pid.map(|p| format!(", pid {p}")).unwrap_or_default();
@@ -225,60 +238,108 @@ impl Broker {
         if let Some(control) = &self.control {
             println!("{}={control}", crate::ci::MOCK_CONTROL_ENV);
         }
+        for (name, value) in self.sasl_env() {
+            println!("{name}={value}");
+        }
+    }
+
+    /// The SASL settings a client of this broker needs, as environment.
+    pub(crate) fn sasl_env(&self) -> Vec<(&'static str, String)> {
+        if self.kind != Kind::TansuSasl {
+            return Vec::new();
+        }
+        let (user, password) = SASL_USER;
+        vec![
+            (crate::ci::SASL_MECHANISM_ENV, "SCRAM-SHA-512".to_owned()),
+            (crate::ci::SASL_USERNAME_ENV, user.to_owned()),
+            (crate::ci::SASL_PASSWORD_ENV, password.to_owned()),
+        ]
+    }
+
+    /// Whether the broker answers now: a Metadata request, or where
+    /// authentication is required, an ApiVersions request (allowed before it).
+    fn probe(&self) -> anyhow::Result<()> {
+        let mut last = Err(anyhow::anyhow!("no address"));
+        for addr in self.addr.split(',') {
+            last = if self.kind == Kind::TansuSasl { probe_api_versions(addr) } else { probe_metadata(addr) };
+            if last.is_ok() {
+                return last;
+            }
+        }
+        last
     }
 
     /// Whether the broker answers a Metadata request now (the mock cluster:
     /// its first broker, which fault injection may take down, so any of them).
     pub(crate) fn answers(&self) -> bool {
-        self.addr.split(',').any(|addr| probe_metadata(addr).is_ok())
+        self.probe().is_ok()
     }
 
     /// Starts tansu on loopback with fresh storage and waits until it answers.
     pub(crate) fn start_tansu(port: Option<u16>) -> anyhow::Result<Broker> {
-        let tansu = install_tansu()?;
-        let port = match port {
-            Some(port) => port,
-            None => free_port()?,
-        };
-        let addr = format!("127.0.0.1:{port}");
-        let data_dir = std::env::temp_dir().join(format!("kafka-retry-broker-{port}-{}", std::process::id()));
-        fs::create_dir_all(&data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
-        let log_path = data_dir.join("broker.log");
-        let log = fs::File::create(&log_path)?;
-        let url = format!("tcp://{addr}");
-        let mut cmd = Command::new(&tansu);
-        cmd.arg("broker")
-            .args(["--listener-url", &url, "--advertised-listener-url", &url])
-            // tansu resolves the database path against its working directory.
-            .args(["--storage-engine", "sqlite://tansu.db"])
-            .args(["--cluster-id", "kafka-retry-test"])
-            // tansu reads these as defaults; keep a caller's settings out of the test broker.
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("SCHEMA_REGISTRY")
-            .current_dir(&data_dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            // Its own process group: `down` stops exactly it, and a Ctrl-C
-            // aimed at `cargo xtask broker up` does not reach it.
-            .process_group(0);
-        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", process::show(&cmd)))?;
+        let (addr, data_dir) = tansu_place(port)?;
+        let child = spawn_tansu(&addr, &data_dir, false)?;
         let broker = Broker { kind: Kind::Tansu, addr, control: None, pid: Some(child.id()), data_dir: Some(data_dir) };
+        broker.wait_until_up(child)
+    }
+
+    /// Starts tansu with SASL authentication required: it first runs
+    /// without, so that `tansu user create` can add the SCRAM-SHA-512 user
+    /// [`SASL_USER`], then again on the same storage with `--authentication`.
+    pub(crate) fn start_tansu_sasl(port: Option<u16>) -> anyhow::Result<Broker> {
+        let (addr, data_dir) = tansu_place(port)?;
+        let child = spawn_tansu(&addr, &data_dir, false)?;
+        let open = Broker { kind: Kind::Tansu, addr, control: None, pid: Some(child.id()), data_dir: Some(data_dir) };
+        let open = open.wait_until_up(child)?;
+        let (user, password) = SASL_USER;
+        let created = process::run(Command::new(install_tansu()?).args([
+            "user",
+            "create",
+            "--broker",
+            &format!("tcp://{}", open.addr),
+            "--mechanism",
+            "scram512",
+            user,
+            password,
+        ]));
+        if let Some(pid) = open.pid {
+            process::stop_group(pid, Duration::from_secs(10));
+        }
+        if let Err(e) = created {
+            let _ = open.stop();
+            return Err(e.context("cannot create the SASL user in tansu"));
+        }
+        let data_dir = open.data_dir.clone().expect("tansu has a data directory");
+        let child = spawn_tansu(&open.addr, &data_dir, true)?;
+        let broker = Broker {
+            kind: Kind::TansuSasl,
+            addr: open.addr,
+            control: None,
+            pid: Some(child.id()),
+            data_dir: Some(data_dir),
+        };
+        broker.wait_until_up(child)
+    }
+
+    /// Waits until the broker `child` runs answers; stops it and fails when
+    /// it exits or takes longer than [`START_TIMEOUT`].
+    fn wait_until_up(self, mut child: std::process::Child) -> anyhow::Result<Broker> {
+        let log_path = self.data_dir.as_ref().map(|d| d.join("broker.log")).unwrap_or_default();
         let started = Instant::now();
         loop {
             if let Some(status) = child.try_wait()? {
                 let tail = process::tail(&log_path, 30);
-                let _ = broker.stop();
-                bail!("tansu exited ({status}) before answering on {}; its log ends with:\n{tail}", broker.addr);
+                let _ = self.stop();
+                bail!("tansu exited ({status}) before answering on {}; its log ends with:\n{tail}", self.addr);
             }
-            match probe_metadata(&broker.addr) {
-                Ok(()) => return Ok(broker),
+            match self.probe() {
+                Ok(()) => return Ok(self),
                 Err(e) if started.elapsed() > START_TIMEOUT => {
                     let tail = process::tail(&log_path, 30);
-                    let _ = broker.stop();
+                    let _ = self.stop();
                     bail!(
                         "tansu did not answer on {} within {START_TIMEOUT:?} ({e:#}); its log ends with:\n{tail}",
-                        broker.addr
+                        self.addr
                     );
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(200)),
@@ -361,8 +422,8 @@ impl Broker {
     /// Stops the broker, deletes its data and forgets it.
     pub(crate) fn stop(&self) -> anyhow::Result<()> {
         match self.kind {
-            Kind::Tansu | Kind::Mock => {
-                let program = if self.kind == Kind::Tansu { "tansu" } else { "mock_cluster" };
+            Kind::Tansu | Kind::TansuSasl | Kind::Mock => {
+                let program = if self.kind == Kind::Mock { "mock_cluster" } else { "tansu" };
                 if let Some(pid) = self.pid {
                     // Only signal the pid if it is still ours, not a recycled pid.
                     if process::is_alive(pid) && process::cmdline(pid).is_some_and(|c| c.contains(program)) {
@@ -393,6 +454,50 @@ impl Broker {
     }
 }
 
+/// The SCRAM-SHA-512 user of `broker up --sasl`: a throwaway credential of a
+/// throwaway local broker, printed for the tests and for people.
+pub(crate) const SASL_USER: (&str, &str) = ("kafka-retry", "kafka-retry-test-password");
+
+/// A free loopback address and a fresh data directory for tansu.
+fn tansu_place(port: Option<u16>) -> anyhow::Result<(String, PathBuf)> {
+    let port = match port {
+        Some(port) => port,
+        None => free_port()?,
+    };
+    let data_dir = std::env::temp_dir().join(format!("kafka-retry-broker-{port}-{}", std::process::id()));
+    fs::create_dir_all(&data_dir).with_context(|| format!("cannot create {}", data_dir.display()))?;
+    Ok((format!("127.0.0.1:{port}"), data_dir))
+}
+
+/// Spawns tansu on `addr` with its storage in `data_dir`, requiring client
+/// authentication when `authentication` is set; its output is appended to
+/// `data_dir/broker.log`.
+fn spawn_tansu(addr: &str, data_dir: &std::path::Path, authentication: bool) -> anyhow::Result<std::process::Child> {
+    let tansu = install_tansu()?;
+    let log = fs::OpenOptions::new().create(true).append(true).open(data_dir.join("broker.log"))?;
+    let url = format!("tcp://{addr}");
+    let mut cmd = Command::new(&tansu);
+    cmd.arg("broker")
+        .args(["--listener-url", &url, "--advertised-listener-url", &url])
+        // tansu resolves the database path against its working directory.
+        .args(["--storage-engine", "sqlite://tansu.db"])
+        .args(["--cluster-id", "kafka-retry-test"])
+        // tansu reads these as defaults; keep a caller's settings out of the test broker.
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("SCHEMA_REGISTRY")
+        .current_dir(data_dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own process group: `down` stops exactly it, and a Ctrl-C
+        // aimed at `cargo xtask broker up` does not reach it.
+        .process_group(0);
+    if authentication {
+        cmd.arg("--authentication");
+    }
+    cmd.spawn().with_context(|| format!("cannot start {}", process::show(&cmd)))
+}
+
 /// The tansu binary, installed into the cache on first use.
 fn install_tansu() -> anyhow::Result<PathBuf> {
     crate::paths::cargo_install_cached(
@@ -406,6 +511,30 @@ fn install_tansu() -> anyhow::Result<PathBuf> {
 fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port on 127.0.0.1")?;
     Ok(listener.local_addr()?.port())
+}
+
+/// Sends an ApiVersions (v0) request and checks that an answer comes.
+fn probe_api_versions(addr: &str) -> anyhow::Result<()> {
+    let socket: SocketAddr =
+        addr.to_socket_addrs()?.next().with_context(|| format!("{addr} does not resolve to an address"))?;
+    let mut stream = TcpStream::connect_timeout(&socket, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let client_id = b"xtask";
+    let mut body = Vec::new();
+    body.extend_from_slice(&18i16.to_be_bytes()); // api key: ApiVersions
+    body.extend_from_slice(&0i16.to_be_bytes());
+    body.extend_from_slice(&7i32.to_be_bytes());
+    body.extend_from_slice(&(client_id.len() as i16).to_be_bytes());
+    body.extend_from_slice(client_id);
+    let mut request = (body.len() as i32).to_be_bytes().to_vec();
+    request.extend_from_slice(&body);
+    stream.write_all(&request)?;
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len)?;
+    if i32::from_be_bytes(len) < 8 {
+        bail!("implausible ApiVersions response");
+    }
+    Ok(())
 }
 
 /// Sends a Metadata (v1) request and checks that the answer lists a broker.

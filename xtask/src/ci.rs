@@ -22,6 +22,14 @@ pub(crate) const MOCK_CONTROL_ENV: &str = "KAFKA_RETRY_MOCK_CONTROL";
 /// implementation they run against (`tansu`, `mock`, `docker` or `external`).
 pub(crate) const BROKER_KIND_ENV: &str = "KAFKA_RETRY_BROKER_KIND";
 
+/// The environment variables that give integration tests SASL credentials
+/// (set only against a broker that requires them).
+pub(crate) const SASL_MECHANISM_ENV: &str = "KAFKA_RETRY_SASL_MECHANISM";
+/// See [`SASL_MECHANISM_ENV`].
+pub(crate) const SASL_USERNAME_ENV: &str = "KAFKA_RETRY_SASL_USERNAME";
+/// See [`SASL_MECHANISM_ENV`].
+pub(crate) const SASL_PASSWORD_ENV: &str = "KAFKA_RETRY_SASL_PASSWORD";
+
 /// Which brokers `cargo xtask integration` runs the suite against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum BrokerChoice {
@@ -29,7 +37,9 @@ pub(crate) enum BrokerChoice {
     Tansu,
     /// librdkafka's mock cluster with three brokers.
     Mock,
-    /// Both, one after the other.
+    /// tansu requiring SASL SCRAM-SHA-512: the suite once more, authenticated.
+    TansuSasl,
+    /// All three, one after the other.
     All,
 }
 
@@ -45,6 +55,13 @@ const NOT_ON_MOCK: &[(&str, &str)] = &[
         "it refuses commits while a rebalance is prepared, which Kafka accepts from the ending generation",
     ),
 ];
+
+/// The suite's slowest test, left out of the SASL pass to keep CI short.
+const SLOWEST: &str = "billing::a_kill_mid_stream_charges_every_event_exactly_once";
+
+/// Tests whose name contains this need a broker that requires SASL; the
+/// suite runs once more against tansu requiring SASL, these included.
+const SASL_ONLY: &str = "sasl_only";
 
 /// The module of the fault tests, which the mock cluster runs one at a time.
 const FAULTS: &str = "faults::";
@@ -62,7 +79,8 @@ pub(crate) fn integration(choice: BrokerChoice, test_args: &[String]) -> anyhow:
     let kinds: &[Kind] = match choice {
         BrokerChoice::Tansu => &[Kind::Tansu],
         BrokerChoice::Mock => &[Kind::Mock],
-        BrokerChoice::All => &[Kind::Tansu, Kind::Mock],
+        BrokerChoice::TansuSasl => &[Kind::TansuSasl],
+        BrokerChoice::All => &[Kind::Tansu, Kind::Mock, Kind::TansuSasl],
     };
     for &kind in kinds {
         eprintln!("integration: the suite against {}", kind.name());
@@ -80,6 +98,8 @@ pub(crate) struct Target<'a> {
     pub(crate) addr: &'a str,
     /// The mock cluster's control channel.
     pub(crate) control: Option<&'a str>,
+    /// SASL settings as environment, where the broker requires them.
+    pub(crate) sasl: Vec<(&'static str, String)>,
 }
 
 /// Runs `work` with a broker's address: `$KAFKA_RETRY_BROKERS`, else the
@@ -96,13 +116,22 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
         let control = std::env::var(MOCK_CONTROL_ENV).ok();
         eprintln!("using the broker at {addr} from {BROKERS_ENV}");
         let kind = if control.is_some() { Kind::Mock } else { kind };
-        return work(&Target { kind, addr: &addr, control: control.as_deref() });
+        let sasl = [SASL_MECHANISM_ENV, SASL_USERNAME_ENV, SASL_PASSWORD_ENV]
+            .into_iter()
+            .filter_map(|name| std::env::var(name).ok().map(|v| (name, v)))
+            .collect();
+        return work(&Target { kind, addr: &addr, control: control.as_deref(), sasl });
     }
     if let Some(broker) = Broker::load()? {
         let usable = broker.kind == kind || (kind == Kind::Tansu && broker.kind == Kind::Docker);
         if usable && broker.answers() {
             eprintln!("using the running broker at {} ({}; left running)", broker.addr, broker.describe());
-            return work(&Target { kind: broker.kind, addr: &broker.addr, control: broker.control.as_deref() });
+            return work(&Target {
+                kind: broker.kind,
+                addr: &broker.addr,
+                control: broker.control.as_deref(),
+                sasl: broker.sasl_env(),
+            });
         }
         if usable {
             broker.stop()?;
@@ -110,10 +139,16 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
     }
     let broker = match kind {
         Kind::Mock => Broker::start_mock(MOCK_BROKERS)?,
+        Kind::TansuSasl => Broker::start_tansu_sasl(None)?,
         _ => Broker::start_tansu(None)?,
     };
     eprintln!("started {} at {}", broker.describe(), broker.addr);
-    let result = work(&Target { kind: broker.kind, addr: &broker.addr, control: broker.control.as_deref() });
+    let result = work(&Target {
+        kind: broker.kind,
+        addr: &broker.addr,
+        control: broker.control.as_deref(),
+        sasl: broker.sasl_env(),
+    });
     let stopped = broker.stop();
     result?;
     stopped.context("the work succeeded, but the broker did not stop")
@@ -134,9 +169,23 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
         .env(BROKER_KIND_ENV, target.kind.name())
         .env(BILLING_BIN_ENV, billing_bin)
         .env(crate::python::PYTHON_ENV, python);
+    for name in [SASL_MECHANISM_ENV, SASL_USERNAME_ENV, SASL_PASSWORD_ENV] {
+        cmd.env_remove(name);
+    }
+    if target.kind == Kind::TansuSasl {
+        // Every client of the suite authenticates with these (ours, rskafka,
+        // billing-bin, the interop client).
+        eprintln!(
+            "integration: the suite through SASL SCRAM-SHA-512; tests named *{MOCK_ONLY}* are left out (fault \
+             injection), and so is {SLOWEST} (crash recovery, the suite's slowest, has nothing to do with \
+             authentication and runs on the other brokers)"
+        );
+        cmd.envs(target.sasl.iter().map(|(k, v)| (k, v))).args(["--skip", MOCK_ONLY, "--skip", SLOWEST]);
+        return run(&mut cmd);
+    }
     match target.control {
         Some(control) => {
-            cmd.env(MOCK_CONTROL_ENV, control);
+            cmd.env(MOCK_CONTROL_ENV, control).args(["--skip", SASL_ONLY]);
             for (marker, why) in NOT_ON_MOCK {
                 eprintln!(
                     "integration: on the mock cluster, tests named *{marker}* are left out (they run on tansu): {why}"
@@ -162,6 +211,7 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
                     .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
                     .args(test_args)
                     .args(NOT_ON_MOCK.iter().flat_map(|(marker, _)| ["--skip", marker]))
+                    .args(["--skip", SASL_ONLY])
                     .arg("--test-threads=1")
                     .envs(envs);
                 if filters.is_empty() {
@@ -178,7 +228,7 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
                  fault injection (they run on the mock)",
                 target.kind.name()
             );
-            cmd.env_remove(MOCK_CONTROL_ENV).args(["--skip", MOCK_ONLY]);
+            cmd.env_remove(MOCK_CONTROL_ENV).args(["--skip", MOCK_ONLY, "--skip", SASL_ONLY]);
         }
     }
     run(&mut cmd)

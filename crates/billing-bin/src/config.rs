@@ -4,7 +4,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use retry_core::RetrySchedule;
-use retry_kafka::ConnectionConfig;
+use retry_kafka::{ConnectionConfig, SaslCredentials, Secret, Security, SecurityProtocol};
 
 use crate::Failure;
 
@@ -129,13 +129,71 @@ pub(crate) struct KafkaArgs {
     /// `pretty` for people, `json` for log collectors.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty, global = true)]
     pub(crate) log_format: LogFormat,
+    /// How connections to Kafka authenticate: PLAINTEXT or SASL_PLAINTEXT.
+    #[arg(long, env = "KAFKA_SECURITY_PROTOCOL", default_value = "PLAINTEXT", global = true)]
+    pub(crate) security_protocol: String,
+    /// The SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+    #[arg(long, env = "KAFKA_SASL_MECHANISM", global = true)]
+    pub(crate) sasl_mechanism: Option<String>,
+    /// The SASL user name.
+    #[arg(long, env = "KAFKA_SASL_USERNAME", global = true)]
+    pub(crate) sasl_username: Option<String>,
+    /// The SASL password (prefer --sasl-password-file: command lines are visible to other users).
+    #[arg(long, env = "KAFKA_SASL_PASSWORD", hide_env_values = true, global = true)]
+    pub(crate) sasl_password: Option<String>,
+    /// A file whose content (trailing newline removed) is the SASL password.
+    #[arg(long, env = "KAFKA_SASL_PASSWORD_FILE", global = true)]
+    pub(crate) sasl_password_file: Option<std::path::PathBuf>,
 }
 
 impl KafkaArgs {
     pub(crate) fn connection(&self) -> Result<ConnectionConfig, Failure> {
         let mut c = ConnectionConfig::new(&self.brokers, "billing-bin").map_err(|e| Failure::Config(e.to_string()))?;
         c.request_timeout = KAFKA_REQUEST_TIMEOUT;
+        c.security = self.security()?;
         Ok(c)
+    }
+
+    /// The security settings, checked to fit together; each problem names
+    /// the setting, never a secret.
+    fn security(&self) -> Result<Security, Failure> {
+        let config = |e: retry_kafka::Error| Failure::Config(format!("KAFKA_SECURITY_PROTOCOL and KAFKA_SASL_*: {e}"));
+        let protocol: SecurityProtocol = self.security_protocol.parse().map_err(config)?;
+        let given = self.sasl_mechanism.is_some()
+            || self.sasl_username.is_some()
+            || self.sasl_password.is_some()
+            || self.sasl_password_file.is_some();
+        if !given {
+            return Security::new(protocol, None).map_err(config);
+        }
+        let mechanism = self
+            .sasl_mechanism
+            .as_deref()
+            .ok_or_else(|| Failure::Config("KAFKA_SASL_MECHANISM is required with SASL credentials".into()))?
+            .parse()
+            .map_err(config)?;
+        let username = self
+            .sasl_username
+            .clone()
+            .ok_or_else(|| Failure::Config("KAFKA_SASL_USERNAME is required with a SASL mechanism".into()))?;
+        let password = match (&self.sasl_password, &self.sasl_password_file) {
+            (Some(_), Some(_)) => {
+                return Err(Failure::Config("give KAFKA_SASL_PASSWORD or KAFKA_SASL_PASSWORD_FILE, not both".into()))
+            }
+            (Some(p), None) => p.clone(),
+            (None, Some(path)) => {
+                std::fs::read_to_string(path).map(|p| p.trim_end_matches(['\r', '\n']).to_owned()).map_err(|e| {
+                    Failure::Config(format!("KAFKA_SASL_PASSWORD_FILE {} cannot be read: {e}", path.display()))
+                })?
+            }
+            (None, None) => {
+                return Err(Failure::Config(
+                    "KAFKA_SASL_PASSWORD or KAFKA_SASL_PASSWORD_FILE is required with a SASL mechanism".into(),
+                ))
+            }
+        };
+        let credentials = SaslCredentials { mechanism, username, password: Secret::new(password) };
+        Security::new(protocol, Some(credentials)).map_err(config)
     }
 }
 

@@ -45,6 +45,18 @@ pub enum Error {
         /// The limit.
         timeout: Duration,
     },
+    /// The broker refused our credentials.
+    #[error("authentication to {addr} as {username} with {mechanism} failed: {reason}")]
+    Authentication {
+        /// The broker.
+        addr: String,
+        /// The SASL mechanism.
+        mechanism: &'static str,
+        /// The user name (never the password).
+        username: String,
+        /// Why, as the broker said it.
+        reason: String,
+    },
     /// A request or response could not be encoded or decoded.
     #[error("{api} with {addr}: malformed message: {reason}")]
     Protocol {

@@ -48,6 +48,7 @@ mod error;
 mod metrics;
 mod protocol;
 mod publisher;
+mod security;
 mod stats;
 
 use std::time::Duration;
@@ -63,6 +64,7 @@ pub use consumer::{
 };
 pub use error::{Error, Result};
 pub use protocol::{group::TopicPartition, ResponseError};
+pub use security::{SaslCredentials, SaslMechanism, Secret, Security, SecurityProtocol};
 pub use stats::{ListenerStats, StatsSnapshot};
 
 /// How to reach the cluster.
@@ -75,6 +77,8 @@ pub struct ConnectionConfig {
     /// How long any single request may take before the connection is
     /// considered broken (JoinGroup and SyncGroup also get the rebalance timeout).
     pub request_timeout: Duration,
+    /// How every connection authenticates (PLAINTEXT by default).
+    pub security: Security,
 }
 
 impl ConnectionConfig {
@@ -86,6 +90,11 @@ impl ConnectionConfig {
         if bootstrap.is_empty() {
             return Err(Error::Config("no bootstrap broker given (expected host:port[,host:port...])".into()));
         }
-        Ok(ConnectionConfig { bootstrap, client_id: client_id.to_owned(), request_timeout: Duration::from_secs(30) })
+        Ok(ConnectionConfig {
+            bootstrap,
+            client_id: client_id.to_owned(),
+            request_timeout: Duration::from_secs(30),
+            security: Security::default(),
+        })
     }
 }

@@ -18,7 +18,7 @@ use crate::{
 /// already is reported as such, any other refusal is an error naming it.
 pub(crate) async fn create_topics(config: &ConnectionConfig, specs: &[TopicSpec]) -> Result<Vec<(String, Created)>> {
     let addr = config.bootstrap.first().expect("bootstrap brokers are never empty");
-    let mut conn = Connection::connect(addr, &config.client_id, config.request_timeout).await?;
+    let mut conn = Connection::connect(addr, config).await?;
     let request = CreateTopicsRequest::default()
         .with_timeout_ms(i32::try_from(config.request_timeout.as_millis()).unwrap_or(i32::MAX))
         .with_topics(

@@ -127,7 +127,7 @@ impl FallbackReader {
             Some(conn) => conn,
             None => {
                 let leader = leader_of(&self.config, &self.topic, self.partition).await?;
-                Connection::connect(&leader, &self.config.client_id, self.config.request_timeout).await?
+                Connection::connect(&leader, &self.config).await?
             }
         };
         let decoded = fetch_decoded(&mut conn, &self.topic, self.partition, offset, max_bytes, max_wait).await?;
@@ -260,7 +260,7 @@ async fn leader_of(config: &ConnectionConfig, topic: &str, partition: i32) -> Re
 }
 
 async fn leader_from(config: &ConnectionConfig, addr: &str, topic: &str, partition: i32) -> Result<String> {
-    let mut conn = Connection::connect(addr, &config.client_id, config.request_timeout).await?;
+    let mut conn = Connection::connect(addr, config).await?;
     let request = MetadataRequest::default()
         .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(TopicName(str_bytes(topic))))]))
         .with_allow_auto_topic_creation(false);

@@ -82,7 +82,7 @@ impl GroupClient {
     }
 
     async fn find_coordinator(&self, bootstrap: &str) -> Result<Connection> {
-        let mut conn = Connection::connect(bootstrap, &self.config.client_id, self.config.request_timeout).await?;
+        let mut conn = Connection::connect(bootstrap, &self.config).await?;
         let request = FindCoordinatorRequest::default().with_key(str_bytes(&self.group_id)).with_key_type(0);
         let (response, _) = conn.send(&request).await?;
         check("FindCoordinator", || format!("group {}", self.group_id), response.error_code)?;
@@ -90,7 +90,7 @@ impl GroupClient {
         if addr == conn.addr() {
             return Ok(conn);
         }
-        Connection::connect(&addr, &self.config.client_id, self.config.request_timeout).await
+        Connection::connect(&addr, &self.config).await
     }
 
     /// Forgets the coordinator when `result` says it moved or the link broke.

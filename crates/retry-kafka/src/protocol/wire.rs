@@ -10,7 +10,9 @@ use std::{collections::HashMap, time::Duration};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::{
-    messages::{ApiKey, ApiVersionsRequest, RequestHeader, ResponseHeader},
+    messages::{
+        ApiKey, ApiVersionsRequest, RequestHeader, ResponseHeader, SaslAuthenticateRequest, SaslHandshakeRequest,
+    },
     protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes, VersionRange},
 };
 use tokio::{
@@ -18,7 +20,7 @@ use tokio::{
     net::TcpStream,
 };
 
-use crate::{Error, Result};
+use crate::{ConnectionConfig, Error, Result, SaslCredentials};
 
 /// The largest response we accept; a larger length prefix means a corrupt
 /// stream, not a real message.
@@ -57,6 +59,8 @@ pub(crate) fn highest_implemented(key: ApiKey) -> i16 {
         // their responses that decoders reject; v11 has everything we read.
         ApiKey::Fetch => 11,
         ApiKey::DescribeConfigs => 4,
+        ApiKey::SaslHandshake => 1,
+        ApiKey::SaslAuthenticate => 2,
         _ => 0,
     }
 }
@@ -83,6 +87,8 @@ fn api_key_name(key: ApiKey) -> &'static str {
         ApiKey::Metadata => "Metadata",
         ApiKey::DescribeConfigs => "DescribeConfigs",
         ApiKey::Fetch => "Fetch",
+        ApiKey::SaslHandshake => "SaslHandshake",
+        ApiKey::SaslAuthenticate => "SaslAuthenticate",
         _ => "a Kafka request",
     }
 }
@@ -98,9 +104,20 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    /// Connects to `addr` and asks which API versions it supports. Every
-    /// step, and every later request, is bounded by `timeout`.
-    pub(crate) async fn connect(addr: &str, client_id: &str, timeout: Duration) -> Result<Self> {
+    /// Connects to `addr` as `config` says: asks which API versions it
+    /// supports, then authenticates (SASL) when the security protocol asks
+    /// for it. Every step, and every later request, is bounded by the
+    /// request timeout.
+    pub(crate) async fn connect(addr: &str, config: &ConnectionConfig) -> Result<Self> {
+        let mut conn = Self::connect_plain(addr, &config.client_id, config.request_timeout).await?;
+        if let Some(credentials) = config.security.sasl() {
+            conn.authenticate(credentials).await?;
+        }
+        Ok(conn)
+    }
+
+    /// Connects and negotiates versions, without authenticating.
+    async fn connect_plain(addr: &str, client_id: &str, timeout: Duration) -> Result<Self> {
         let connect = tokio::time::timeout(timeout, TcpStream::connect(addr)).await;
         let stream = match connect {
             Ok(Ok(stream)) => stream,
@@ -138,6 +155,65 @@ impl Connection {
         }
         conn.versions = response.api_keys.iter().map(|k| (k.api_key, (k.min_version, k.max_version))).collect();
         Ok(conn)
+    }
+
+    /// SaslHandshake, then SaslAuthenticate until the mechanism is done
+    /// (KIP-152). A refusal names the broker, the user and the mechanism,
+    /// never the password.
+    async fn authenticate(&mut self, credentials: &SaslCredentials) -> Result<()> {
+        use rsasl::prelude::{Mechname, SASLClient, SASLConfig};
+        let mechanism = credentials.mechanism.name();
+        let refused = |conn: &Self, reason: String| Error::Authentication {
+            addr: conn.addr.clone(),
+            mechanism,
+            username: credentials.username.clone(),
+            reason,
+        };
+        let (handshake, _) = self.send(&SaslHandshakeRequest::default().with_mechanism(str_bytes(mechanism))).await?;
+        if handshake.error_code != 0 {
+            let offered: Vec<String> = handshake.mechanisms.iter().map(|m| m.to_string()).collect();
+            return Err(refused(
+                self,
+                format!("the broker does not offer {mechanism} (it offers {})", offered.join(", ")),
+            ));
+        }
+        let config =
+            SASLConfig::with_credentials(None, credentials.username.clone(), credentials.password.expose().to_owned())
+                .map_err(|e| refused(self, format!("cannot set up the SASL client: {e}")))?;
+        let name = Mechname::parse(mechanism.as_bytes()).map_err(|e| refused(self, e.to_string()))?;
+        let mut session = SASLClient::new(config).start_suggested(&[name]).map_err(|e| refused(self, e.to_string()))?;
+        let mut received: Option<Vec<u8>> = None;
+        loop {
+            let mut to_send = Vec::new();
+            let state = session.step(received.as_deref(), &mut to_send).map_err(|e| {
+                // A SCRAM server refuses a wrong password in its last message
+                // (e=invalid-proof), not with an error code.
+                let reason = if received.is_some() {
+                    format!("wrong user name or password (the exchange ended with: {e})")
+                } else {
+                    format!("the exchange failed: {e}")
+                };
+                refused(self, reason)
+            })?;
+            if state.has_sent_message() {
+                let request = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(to_send));
+                let (response, _) = self.send(&request).await?;
+                if response.error_code != 0 {
+                    let message = response.error_message.map(|m| m.to_string()).unwrap_or_default();
+                    let reason = match kafka_protocol::ResponseError::try_from_code(response.error_code) {
+                        Some(kafka_protocol::ResponseError::SaslAuthenticationFailed) => {
+                            format!("wrong user name or password ({message})")
+                        }
+                        other => format!("{other:?} ({message})"),
+                    };
+                    return Err(refused(self, reason));
+                }
+                received = Some(response.auth_bytes.to_vec());
+            }
+            if state.is_finished() {
+                return Ok(());
+            }
+        }
     }
 
     /// The broker's address.
@@ -259,6 +335,25 @@ impl Connection {
     fn protocol_error<R: Request>(&self, reason: String) -> Error {
         Error::Protocol { addr: self.addr.clone(), api: api_name::<R>(), reason }
     }
+}
+
+/// Authenticates once against the first bootstrap broker that answers, so
+/// that wrong credentials fail at once with [`Error::Authentication`]
+/// (naming the broker, the user and the mechanism) instead of after
+/// rskafka's retries with its own wording. Other failures are left to the
+/// caller's connection attempt, which reports them.
+pub(crate) async fn check_credentials(config: &ConnectionConfig) -> Result<()> {
+    if config.security.sasl().is_none() {
+        return Ok(());
+    }
+    for addr in &config.bootstrap {
+        match Connection::connect(addr, config).await {
+            Ok(_) => return Ok(()),
+            Err(e @ Error::Authentication { .. }) => return Err(e),
+            Err(e) => tracing::debug!(%addr, error = %e, "cannot check the credentials against this broker"),
+        }
+    }
+    Ok(())
 }
 
 /// The error code of UNSUPPORTED_VERSION.

@@ -1,0 +1,69 @@
+//! Authentication: against tansu requiring SASL SCRAM-SHA-512, which
+//! `cargo xtask integration` starts for the tests named `sasl_only_*` (and
+//! runs the ladder, dead-letter, topic and billing modules through too).
+
+use std::time::{Duration, Instant};
+
+use integration::{broker_addr, connection, unique_topic, within};
+use retry_kafka::{Error, GroupOffsets, SaslCredentials, Secret, Security, SecurityProtocol};
+
+const WRONG_PASSWORD: &str = "not-the-password-4711";
+
+/// The test credentials with another password.
+fn with_wrong_password() -> retry_kafka::ConnectionConfig {
+    let mut c = connection("kafka-retry-it");
+    let right = c.security.sasl().expect("the SASL pass sets credentials").clone();
+    let wrong = SaslCredentials { password: Secret::new(WRONG_PASSWORD), ..right };
+    c.security = Security::new(SecurityProtocol::SaslPlaintext, Some(wrong)).unwrap();
+    c
+}
+
+#[tokio::test]
+async fn sasl_only_a_wrong_password_is_refused_naming_broker_user_and_mechanism() {
+    let config = with_wrong_password();
+    let user = config.security.sasl().unwrap().username.clone();
+    let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
+    let result = within("committed offsets", offsets.committed(&[("t".to_owned(), 0)])).await;
+    let error = result.expect_err("a wrong password must be refused");
+    assert!(matches!(error, Error::Authentication { .. }), "{error:?}");
+    let message = error.to_string();
+    for expected in ["SCRAM-SHA-512", user.as_str(), "wrong user name or password"] {
+        assert!(message.contains(expected), "{message}");
+    }
+    assert!(broker_addr().split(',').any(|a| message.contains(a)), "{message}");
+    assert!(!message.contains(WRONG_PASSWORD), "{message}");
+    assert!(!format!("{error:?}").contains(WRONG_PASSWORD), "{error:?}");
+}
+
+#[tokio::test]
+async fn sasl_only_billing_bin_with_a_wrong_password_exits_1_without_showing_it() {
+    let bin = std::env::var_os("BILLING_BIN").expect("BILLING_BIN is set by cargo xtask integration");
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["topics", "verify"])
+        .env_clear()
+        .env("KAFKA_BROKERS", broker_addr())
+        .env("BILLING_TOPIC", unique_topic("billing"))
+        .envs(integration::billing_security_env())
+        .env("KAFKA_SASL_PASSWORD", WRONG_PASSWORD)
+        .env("RUST_LOG", "debug");
+    let started = Instant::now();
+    let out = within("billing-bin topics verify", cmd.output()).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    for expected in ["authentication to", "SCRAM-SHA-512", "wrong user name or password"] {
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+    assert!(!stderr.contains(WRONG_PASSWORD) && !stdout.contains(WRONG_PASSWORD), "{stderr}");
+}
+
+#[tokio::test]
+async fn sasl_only_a_client_without_credentials_is_refused() {
+    let mut config = connection("kafka-retry-it");
+    config.security = Security::default();
+    config.request_timeout = Duration::from_secs(5);
+    let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
+    let result = within("committed offsets", offsets.committed(&[("t".to_owned(), 0)])).await;
+    assert!(result.is_err(), "a broker that requires SASL answered a client without credentials");
+}
