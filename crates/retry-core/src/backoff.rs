@@ -84,7 +84,9 @@ impl<R: FnMut() -> f64> Iterator for Backoff<R> {
 
     fn next(&mut self) -> Option<Duration> {
         let base = self.next;
-        self.next = base.mul_f64(self.config.multiplier).min(self.config.max);
+        // Saturates at the longest pause rather than overflowing a Duration.
+        let grown = Duration::try_from_secs_f64(base.as_secs_f64() * self.config.multiplier);
+        self.next = grown.map_or(self.config.max, |d| d.min(self.config.max));
         let draw = (self.random)().clamp(0.0, 1.0);
         Some(base.mul_f64(1.0 - self.config.jitter * draw))
     }
@@ -117,6 +119,8 @@ mod tests {
         check(doubling.with_multiplier(1.0).unwrap(), 0.0, &[100, 100, 100]);
         check(doubling.with_multiplier(3.0).unwrap(), 0.0, &[100, 300, 900, 1000]);
         check(BackoffConfig::new(ms(5), ms(5)).unwrap(), 0.0, &[5, 5]);
+        // A huge multiplier saturates at the longest pause.
+        check(doubling.with_multiplier(1e300).unwrap(), 0.0, &[100, 1000, 1000]);
     }
 
     #[test]

@@ -211,12 +211,12 @@ impl Publisher {
     }
 
     async fn partition_count(&self, topic: &str) -> Result<i32> {
-        if let Some(n) = self.partition_counts.lock().expect("not poisoned").get(topic) {
+        if let Some(n) = self.partition_counts.lock().expect("not poisoned").get(topic).filter(|n| **n > 0) {
             return Ok(*n);
         }
         let topics = self.cluster.list_topics().await?;
         let mut counts = self.partition_counts.lock().expect("not poisoned");
-        for t in topics {
+        for t in topics.into_iter().filter(|t| !t.partitions.is_empty()) {
             counts.insert(t.name, t.partitions.len() as i32);
         }
         counts
@@ -288,6 +288,9 @@ fn to_rskafka(record: &Outgoing) -> Record {
 }
 
 fn choose_partition(source_partition: i32, key: Option<&[u8]>, count: i32) -> i32 {
+    // Counts come from listings that skip topics without partitions; a
+    // zero here would divide by zero below.
+    let count = count.max(1);
     if source_partition < count {
         return source_partition;
     }

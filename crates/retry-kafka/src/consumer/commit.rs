@@ -55,6 +55,15 @@ impl CommitTracker {
         }
     }
 
+    /// Records that `tp`'s position was reset to `offset` (the log was
+    /// truncated or recreated): what was finished before means nothing now,
+    /// so both what is pending and the member's progress start over there.
+    pub(crate) fn reset(&self, tp: &TopicPartition, offset: i64) {
+        for map in [&self.pending, &*self.progress] {
+            map.lock().expect("no panics while holding the lock").insert(tp.clone(), offset);
+        }
+    }
+
     fn take(&self) -> BTreeMap<TopicPartition, i64> {
         self.done_since_commit.store(0, std::sync::atomic::Ordering::Relaxed);
         std::mem::take(&mut *self.pending.lock().expect("no panics while holding the lock"))
@@ -148,5 +157,29 @@ impl Committer {
     pub(crate) async fn finish(self) {
         self.stop.cancel();
         let _ = self.task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp() -> TopicPartition {
+        ("t".to_owned(), 0)
+    }
+
+    #[test]
+    fn finished_offsets_only_grow_until_a_reset() {
+        let progress = Progress::default();
+        let tracker = CommitTracker::new(10, progress.clone());
+        tracker.done(&tp(), 100);
+        tracker.done(&tp(), 90); // a late report never moves it back
+        assert_eq!(progress.lock().unwrap()[&tp()], 100);
+        // The log was truncated and the position reset: start over there.
+        tracker.reset(&tp(), 40);
+        assert_eq!(progress.lock().unwrap()[&tp()], 40);
+        assert_eq!(tracker.take(), BTreeMap::from([(tp(), 40)]));
+        tracker.done(&tp(), 41);
+        assert_eq!(progress.lock().unwrap()[&tp()], 41);
     }
 }

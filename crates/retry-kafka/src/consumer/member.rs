@@ -439,7 +439,10 @@ impl<H: RecordHandler> Member<H> {
             if let Some(counted) = generation.counted {
                 if last_count.elapsed() >= config.partition_check_interval {
                     last_count = tokio::time::Instant::now();
-                    if let Some(now) = self.partition_count().await {
+                    // Bounded, so a hung metadata connection costs a check,
+                    // never the heartbeats that keep our session.
+                    let count = tokio::time::timeout(config.heartbeat_interval, self.partition_count());
+                    if let Ok(Some(now)) = count.await {
                         if now != counted {
                             tracing::info!(group = %self.group_id, topic = %self.topic, from = counted, to = now, "the topic's partition count changed; rejoining to assign them");
                             return End::Over;

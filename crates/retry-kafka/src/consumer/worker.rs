@@ -199,7 +199,7 @@ impl<H: RecordHandler> Worker<H> {
                     backoff.reset();
                     undecodable = None;
                     if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2 {
-                        idle = (idle * 2).clamp(Duration::from_millis(10), self.shared.config.fetch_max_wait);
+                        idle = (idle * 2).min(self.shared.config.fetch_max_wait).max(Duration::from_millis(10));
                         if self.pause(idle).await {
                             return;
                         }
@@ -260,7 +260,10 @@ impl<H: RecordHandler> Worker<H> {
                     bump(&self.shared.stats.fetch_failures);
                     let error = other.ok().and_then(Result::err).map(|e| e.to_string()).unwrap_or_default();
                     tracing::warn!(%topic, partition, offset, %error, "fetch failed; retrying");
-                    self.shared.cluster.refresh_metadata().await;
+                    tokio::select! {
+                        _ = self.signals.stop.cancelled() => return,
+                        () = self.shared.cluster.refresh_metadata() => {}
+                    }
                     if self.pause(backoff.next()).await {
                         return;
                     }
@@ -355,7 +358,8 @@ impl<H: RecordHandler> Worker<H> {
         let log_start = self.offset_at(client, OffsetReset::Earliest).await?;
         let log_end = self.offset_at(client, OffsetReset::Latest).await?;
         let verdict = position::judge(offset, log_start, log_end);
-        let reset_to = match (verdict, self.shared.config.offset_reset) {
+        let policy = position::start_policy(self.shared.config.offset_reset, self.stage.rung().is_some());
+        let reset_to = match (verdict, policy) {
             (Verdict::Keep, _) => {
                 bump(&self.shared.stats.positions_kept);
                 tracing::info!(%topic, partition, offset, log_start, log_end, ?doubt, "the fetch doubted a position that lies within the log (a leader change?); keeping it");
@@ -366,7 +370,10 @@ impl<H: RecordHandler> Worker<H> {
         };
         bump(&self.shared.stats.offset_resets);
         self.shared.metrics.offset_reset(topic);
-        tracing::warn!(%topic, partition, offset, log_start, log_end, ?doubt, ?verdict, reset = ?self.shared.config.offset_reset, to = reset_to, "the position lies outside the log (retention deleted unread records, or the log was truncated); resetting");
+        tracing::warn!(%topic, partition, offset, log_start, log_end, ?doubt, ?verdict, reset = ?policy, to = reset_to, "the position lies outside the log (retention deleted unread records, or the log was truncated); resetting");
+        // What was finished before the reset means nothing in the log now:
+        // the next commit and any later resume start here.
+        self.tracker.reset(&self.tp, reset_to);
         Some(reset_to)
     }
 
@@ -416,7 +423,10 @@ impl<H: RecordHandler> Worker<H> {
                 Err(e) => {
                     bump(&self.shared.stats.fetch_failures);
                     tracing::warn!(%topic, partition, error = %e, "cannot reach the partition; retrying");
-                    self.shared.cluster.refresh_metadata().await;
+                    tokio::select! {
+                        _ = self.signals.stop.cancelled() => return None,
+                        () = self.shared.cluster.refresh_metadata() => {}
+                    }
                     if self.pause(backoff.next()).await {
                         return None;
                     }

@@ -63,6 +63,11 @@ impl GroupClient {
 
     /// The coordinator's connection, found through the bootstrap brokers.
     async fn coordinator(&mut self) -> Result<&mut Connection> {
+        // A request abandoned midway (a cancelled heartbeat or offset fetch)
+        // leaves its answer on the connection: start afresh.
+        if self.coordinator.as_ref().is_some_and(Connection::is_broken) {
+            self.coordinator = None;
+        }
         if self.coordinator.is_none() {
             let mut last_error = None;
             for addr in &self.config.bootstrap {

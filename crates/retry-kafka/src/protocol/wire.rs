@@ -101,6 +101,10 @@ pub(crate) struct Connection {
     next_correlation_id: i32,
     timeout: Duration,
     versions: HashMap<i16, (i16, i16)>,
+    /// Set while a request awaits its answer: if the caller gave up on it
+    /// (a cancelled future), its answer may still arrive, and the next
+    /// request would read it as its own. Such a connection is not reused.
+    in_flight: bool,
 }
 
 impl Connection {
@@ -132,6 +136,7 @@ impl Connection {
             next_correlation_id: 1,
             timeout,
             versions: HashMap::new(),
+            in_flight: false,
         };
         let request = ApiVersionsRequest::default()
             .with_client_software_name(StrBytes::from_static_str("kafka-retry"))
@@ -216,6 +221,12 @@ impl Connection {
         }
     }
 
+    /// Whether the last request was abandoned before its answer came: the
+    /// connection then holds an answer nobody reads, and must be replaced.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.in_flight
+    }
+
     /// The broker's address.
     pub(crate) fn addr(&self) -> &str {
         &self.addr
@@ -289,6 +300,7 @@ impl Connection {
         let len = i32::try_from(frame.len() - 4).map_err(|_| self.protocol_error::<R>("request too large".into()))?;
         frame[..4].copy_from_slice(&len.to_be_bytes());
 
+        self.in_flight = true;
         let exchange = async {
             self.stream.write_all(&frame).await?;
             let len = self.stream.read_i32().await?;
@@ -300,7 +312,10 @@ impl Connection {
             Ok::<_, std::io::Error>(body)
         };
         let body = match tokio::time::timeout(timeout, exchange).await {
-            Ok(Ok(body)) => body,
+            Ok(Ok(body)) => {
+                self.in_flight = false;
+                body
+            }
             Ok(Err(source)) => return Err(Error::Io { addr: self.addr.clone(), api, source }),
             Err(_) => return Err(Error::Timeout { addr: self.addr.clone(), api, timeout }),
         };
