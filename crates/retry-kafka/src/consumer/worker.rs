@@ -135,10 +135,7 @@ impl<H: RecordHandler> Worker<H> {
             if fallback_until.is_some_and(|until| tokio::time::Instant::now() < until) {
                 let max_bytes = self.max_fetch_bytes();
                 let fetch = fallback.fetch(offset, max_bytes, self.shared.config.fetch_max_wait);
-                let result = tokio::select! {
-                    _ = self.signals.stop.cancelled() => return,
-                    result = fetch => result,
-                };
+                let Some(result) = self.unless_stopped(fetch).await else { return };
                 match result {
                     Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
                         if !self.take_decoded(decoded, &mut offset).await {
@@ -160,10 +157,7 @@ impl<H: RecordHandler> Worker<H> {
             // The broker may hold a fetch for its max wait, then answers.
             let fetch_deadline = self.shared.cluster.request_timeout() + self.shared.config.fetch_max_wait;
             let fetched_at = tokio::time::Instant::now();
-            let result = tokio::select! {
-                _ = self.signals.stop.cancelled() => return,
-                result = tokio::time::timeout(fetch_deadline, fetch) => result,
-            };
+            let Some(result) = self.unless_stopped(tokio::time::timeout(fetch_deadline, fetch)).await else { return };
             let outcome = match &result {
                 Err(_) => FetchOutcome::NoAnswer,
                 Ok(Ok((records, high_watermark))) => {
@@ -221,10 +215,7 @@ impl<H: RecordHandler> Worker<H> {
                     // value): read it ourselves rather than stall forever.
                     let max_bytes = self.max_fetch_bytes();
                     let fetch = fallback.fetch(offset, max_bytes, Duration::ZERO);
-                    let decoded = tokio::select! {
-                        _ = self.signals.stop.cancelled() => return,
-                        result = fetch => result,
-                    };
+                    let Some(decoded) = self.unless_stopped(fetch).await else { return };
                     match decoded {
                         Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
                             undecodable = None;
@@ -260,9 +251,8 @@ impl<H: RecordHandler> Worker<H> {
                     bump(&self.shared.stats.fetch_failures);
                     let error = other.ok().and_then(Result::err).map(|e| e.to_string()).unwrap_or_default();
                     tracing::warn!(%topic, partition, offset, %error, "fetch failed; retrying");
-                    tokio::select! {
-                        _ = self.signals.stop.cancelled() => return,
-                        () = self.shared.cluster.refresh_metadata() => {}
+                    if self.unless_stopped(self.shared.cluster.refresh_metadata()).await.is_none() {
+                        return;
                     }
                     if self.pause(backoff.next()).await {
                         return;
@@ -341,12 +331,17 @@ impl<H: RecordHandler> Worker<H> {
         self.stage.rung().map_or(1, |rung| rung as u32 + 2)
     }
 
+    /// Awaits `work` unless the worker is told to stop first (`None`).
+    async fn unless_stopped<T>(&self, work: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            _ = self.signals.stop.cancelled() => None,
+            result = work => Some(result),
+        }
+    }
+
     /// Sleeps unless stopped; true when stopped.
     async fn pause(&self, d: Duration) -> bool {
-        tokio::select! {
-            _ = self.signals.stop.cancelled() => true,
-            _ = tokio::time::sleep(d) => false,
-        }
+        self.unless_stopped(tokio::time::sleep(d)).await.is_none()
     }
 
     /// Checks a position a fetch doubted against the log's range as the
@@ -389,10 +384,7 @@ impl<H: RecordHandler> Worker<H> {
         loop {
             let what = || format!("reading the offsets of {topic}/{partition}");
             let call = deadline(self.shared.cluster.request_timeout(), what, client.get_offset(at));
-            let result = tokio::select! {
-                _ = self.signals.stop.cancelled() => return None,
-                result = call => result,
-            };
+            let result = self.unless_stopped(call).await?;
             match result {
                 Ok(offset) => return Some(offset),
                 Err(e) => {
@@ -414,19 +406,13 @@ impl<H: RecordHandler> Worker<H> {
         let mut backoff = pauses(Duration::from_millis(200), Duration::from_secs(5));
         loop {
             let connect = self.shared.cluster.partition_client(topic, *partition, UnknownTopicHandling::Retry);
-            let result = tokio::select! {
-                _ = self.signals.stop.cancelled() => return None,
-                result = connect => result,
-            };
+            let result = self.unless_stopped(connect).await?;
             match result {
                 Ok(client) => return Some(client),
                 Err(e) => {
                     bump(&self.shared.stats.fetch_failures);
                     tracing::warn!(%topic, partition, error = %e, "cannot reach the partition; retrying");
-                    tokio::select! {
-                        _ = self.signals.stop.cancelled() => return None,
-                        () = self.shared.cluster.refresh_metadata() => {}
-                    }
+                    self.unless_stopped(self.shared.cluster.refresh_metadata()).await?;
                     if self.pause(backoff.next()).await {
                         return None;
                     }
