@@ -109,17 +109,25 @@ def common_config(brokers):
         "allow.auto.create.topics": False,
         "error_cb": report_error,
     }
-    # Against a broker that requires SASL, the suite's credentials.
+    # Against a broker that requires SASL or TLS, the suite's settings.
     mechanism = os.environ.get("KAFKA_RETRY_SASL_MECHANISM")
+    protocol = os.environ.get("KAFKA_RETRY_SECURITY_PROTOCOL") or ("SASL_PLAINTEXT" if mechanism else "PLAINTEXT")
+    config["security.protocol"] = protocol
     if mechanism:
         config.update(
             {
-                "security.protocol": "SASL_PLAINTEXT",
                 "sasl.mechanism": mechanism,
                 "sasl.username": os.environ["KAFKA_RETRY_SASL_USERNAME"],
                 "sasl.password": os.environ["KAFKA_RETRY_SASL_PASSWORD"],
             }
         )
+    for variable, setting in [
+        ("KAFKA_RETRY_SSL_CA_LOCATION", "ssl.ca.location"),
+        ("KAFKA_RETRY_SSL_CERTIFICATE_LOCATION", "ssl.certificate.location"),
+        ("KAFKA_RETRY_SSL_KEY_LOCATION", "ssl.key.location"),
+    ]:
+        if os.environ.get(variable):
+            config[setting] = os.environ[variable]
     return config
 
 

@@ -313,12 +313,11 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
     let (code, _, stderr) = setup.run(&["topics", "verify"], &[]).await;
     assert_eq!(code, 1, "{stderr}");
 
-    let bad: [(&str, &str, &str); 7] = [
+    let bad: [(&str, &str, &str); 6] = [
         ("RETRY_SCHEDULE", "5s,soon", "invalid retry schedule"),
         ("BILLING_PROVIDER_TIMEOUT", "0s", "--provider-timeout"),
         ("BILLING_PROVIDER_URL", "ftp://billing", "ftp"),
         ("ADMIN_LISTEN", "localhost", "--admin-listen"),
-        ("KAFKA_SECURITY_PROTOCOL", "SSL", "not supported yet"),
         ("KAFKA_SECURITY_PROTOCOL", "KERBEROS", "unknown security protocol"),
         ("KAFKA_SASL_MECHANISM", "GSSAPI", "unknown SASL mechanism"),
     ];
@@ -334,9 +333,9 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("BILLING_PROVIDER_URL"), "{stderr}");
 
-    // SASL settings that do not fit together, each named; the password never shown.
+    // Security settings that do not fit together, each named; the password never shown.
     let secret = "sasl-secret-never-shown";
-    let sasl_bad: [(&[(&str, &str)], &str); 4] = [
+    let sasl_bad: [(&[(&str, &str)], &str); 10] = [
         (&[("KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")], "needs a SASL mechanism"),
         (&[("KAFKA_SASL_USERNAME", "billing"), ("KAFKA_SASL_PASSWORD", secret)], "KAFKA_SASL_MECHANISM is required"),
         (&[("KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"), ("KAFKA_SASL_PASSWORD", secret)], "KAFKA_SASL_USERNAME"),
@@ -349,11 +348,26 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
             ],
             "KAFKA_SASL_PASSWORD_FILE /nonexistent/password cannot be read",
         ),
+        (
+            &[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_CA_LOCATION", "/nonexistent/ca.pem")],
+            "KAFKA_SSL_CA_LOCATION: ssl.ca.location /nonexistent/ca.pem",
+        ),
+        (&[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_CA_LOCATION", "/dev/null")], "holds no PEM certificate"),
+        (
+            &[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_CERTIFICATE_LOCATION", "/tmp/client.pem")],
+            "KAFKA_SSL_KEY_LOCATION is required with KAFKA_SSL_CERTIFICATE_LOCATION",
+        ),
+        (
+            &[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_KEY_LOCATION", "/tmp/client.key")],
+            "KAFKA_SSL_CERTIFICATE_LOCATION is required with KAFKA_SSL_KEY_LOCATION",
+        ),
+        (&[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_ENDPOINT_IDENTIFICATION", "maybe")], "expected https"),
+        (&[("KAFKA_SSL_CA_LOCATION", "/tmp/ca.pem")], "set it to SSL"),
     ];
     for (settings, expected) in sasl_bad {
         // Only these security settings: none inherited from the suite's.
         let mut cmd = setup.command(&["topics", "verify"]);
-        for name in ["KAFKA_SECURITY_PROTOCOL", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"] {
+        for name in integration::BILLING_SECURITY_SETTINGS {
             cmd.env_remove(name);
         }
         cmd.envs(settings.iter().copied());

@@ -10,4 +10,5 @@ mod interop;
 mod ladder;
 mod sasl;
 mod support;
+mod tls;
 mod topics;

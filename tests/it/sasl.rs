@@ -14,7 +14,7 @@ fn with_wrong_password() -> retry_kafka::ConnectionConfig {
     let mut c = connection("kafka-retry-it");
     let right = c.security.sasl().expect("the SASL pass sets credentials").clone();
     let wrong = SaslCredentials { password: Secret::new(WRONG_PASSWORD), ..right };
-    c.security = Security::new(SecurityProtocol::SaslPlaintext, Some(wrong)).unwrap();
+    c.security = Security::new(c.security.protocol(), Some(wrong), integration::tls_settings()).unwrap();
     c
 }
 
@@ -61,7 +61,10 @@ async fn sasl_only_billing_bin_with_a_wrong_password_exits_1_without_showing_it(
 #[tokio::test]
 async fn sasl_only_a_client_without_credentials_is_refused() {
     let mut config = connection("kafka-retry-it");
-    config.security = Security::default();
+    // The same transport (TLS or not), without SASL.
+    let protocol =
+        if config.security.protocol().uses_tls() { SecurityProtocol::Ssl } else { SecurityProtocol::Plaintext };
+    config.security = Security::new(protocol, None, integration::tls_settings()).unwrap();
     config.request_timeout = Duration::from_secs(5);
     let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
     let result = within("committed offsets", offsets.committed(&[("t".to_owned(), 0)])).await;

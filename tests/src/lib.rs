@@ -38,45 +38,82 @@ pub fn bootstrap() -> Vec<String> {
     broker_addr().split(',').map(str::to_owned).collect()
 }
 
-/// How the suite's clients authenticate: SASL when `cargo xtask integration`
-/// runs against a broker that requires it (`$KAFKA_RETRY_SASL_MECHANISM`,
-/// `_USERNAME`, `_PASSWORD`), else PLAINTEXT.
+/// The suite's security settings, as `cargo xtask integration` sets them
+/// for a broker that requires SASL or TLS: `$KAFKA_RETRY_SECURITY_PROTOCOL`
+/// (PLAINTEXT by default, SASL_PLAINTEXT when only SASL is given),
+/// `$KAFKA_RETRY_SASL_MECHANISM`, `_USERNAME`, `_PASSWORD`, and
+/// `$KAFKA_RETRY_SSL_CA_LOCATION`, `_CERTIFICATE_LOCATION`, `_KEY_LOCATION`.
 pub fn security() -> retry_kafka::Security {
     use retry_kafka::{SaslCredentials, Secret, Security, SecurityProtocol};
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    match var("KAFKA_RETRY_SASL_MECHANISM") {
-        None => Security::default(),
-        Some(mechanism) => {
-            let credentials = SaslCredentials {
-                mechanism: mechanism.parse().expect("KAFKA_RETRY_SASL_MECHANISM names a mechanism"),
-                username: var("KAFKA_RETRY_SASL_USERNAME").expect("KAFKA_RETRY_SASL_USERNAME is set"),
-                password: Secret::new(var("KAFKA_RETRY_SASL_PASSWORD").expect("KAFKA_RETRY_SASL_PASSWORD is set")),
-            };
-            Security::new(SecurityProtocol::SaslPlaintext, Some(credentials)).expect("valid SASL settings")
-        }
+    let sasl = env("KAFKA_RETRY_SASL_MECHANISM").map(|mechanism| SaslCredentials {
+        mechanism: mechanism.parse().expect("KAFKA_RETRY_SASL_MECHANISM names a mechanism"),
+        username: env("KAFKA_RETRY_SASL_USERNAME").expect("KAFKA_RETRY_SASL_USERNAME is set"),
+        password: Secret::new(env("KAFKA_RETRY_SASL_PASSWORD").expect("KAFKA_RETRY_SASL_PASSWORD is set")),
+    });
+    let protocol = match env("KAFKA_RETRY_SECURITY_PROTOCOL") {
+        Some(p) => p.parse().expect("KAFKA_RETRY_SECURITY_PROTOCOL names a protocol"),
+        None if sasl.is_some() => SecurityProtocol::SaslPlaintext,
+        None => SecurityProtocol::Plaintext,
+    };
+    Security::new(protocol, sasl, tls_settings()).expect("valid security settings")
+}
+
+/// The suite's TLS files (none without TLS).
+pub fn tls_settings() -> retry_kafka::TlsSettings {
+    retry_kafka::TlsSettings {
+        ca_location: env("KAFKA_RETRY_SSL_CA_LOCATION").map(PathBuf::from),
+        certificate_location: env("KAFKA_RETRY_SSL_CERTIFICATE_LOCATION").map(PathBuf::from),
+        key_location: env("KAFKA_RETRY_SSL_KEY_LOCATION").map(PathBuf::from),
+        verify_hostname: true,
     }
 }
 
-/// A connection config for the test broker, authenticating as [`security`] says.
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// A connection config for the test broker, secured as [`security`] says.
 pub fn connection(client_id: &str) -> retry_kafka::ConnectionConfig {
     let mut c = retry_kafka::ConnectionConfig::new(&broker_addr(), client_id).expect("a valid broker address");
     c.security = security();
     c
 }
 
-/// The settings `billing-bin` needs to authenticate as the tests do, as
-/// environment (none without SASL).
+/// Every setting of `billing-bin` about security, so a test can clear them.
+pub const BILLING_SECURITY_SETTINGS: &[&str] = &[
+    "KAFKA_SECURITY_PROTOCOL",
+    "KAFKA_SASL_MECHANISM",
+    "KAFKA_SASL_USERNAME",
+    "KAFKA_SASL_PASSWORD",
+    "KAFKA_SASL_PASSWORD_FILE",
+    "KAFKA_SSL_CA_LOCATION",
+    "KAFKA_SSL_CERTIFICATE_LOCATION",
+    "KAFKA_SSL_KEY_LOCATION",
+    "KAFKA_SSL_ENDPOINT_IDENTIFICATION",
+];
+
+/// The settings `billing-bin` needs to connect as the tests do, as
+/// environment (only the protocol against a plain broker).
 pub fn billing_security_env() -> Vec<(&'static str, String)> {
-    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    match var("KAFKA_RETRY_SASL_MECHANISM") {
-        None => Vec::new(),
-        Some(mechanism) => vec![
-            ("KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT".to_owned()),
-            ("KAFKA_SASL_MECHANISM", mechanism),
-            ("KAFKA_SASL_USERNAME", var("KAFKA_RETRY_SASL_USERNAME").unwrap_or_default()),
-            ("KAFKA_SASL_PASSWORD", var("KAFKA_RETRY_SASL_PASSWORD").unwrap_or_default()),
-        ],
+    let security = security();
+    let mut vars = vec![("KAFKA_SECURITY_PROTOCOL", security.protocol().name().to_owned())];
+    if let Some(c) = security.sasl() {
+        vars.push(("KAFKA_SASL_MECHANISM", c.mechanism.name().to_owned()));
+        vars.push(("KAFKA_SASL_USERNAME", c.username.clone()));
+        vars.push(("KAFKA_SASL_PASSWORD", env("KAFKA_RETRY_SASL_PASSWORD").unwrap_or_default()));
     }
+    let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    let tls = tls_settings();
+    for (name, value) in [
+        ("KAFKA_SSL_CA_LOCATION", path(&tls.ca_location)),
+        ("KAFKA_SSL_CERTIFICATE_LOCATION", path(&tls.certificate_location)),
+        ("KAFKA_SSL_KEY_LOCATION", path(&tls.key_location)),
+    ] {
+        if let Some(value) = value {
+            vars.push((name, value));
+        }
+    }
+    vars
 }
 
 /// Which implementation of Kafka the suite runs against.
@@ -295,28 +332,13 @@ pub async fn rskafka_client() -> rskafka::client::Client {
         base: 2.0,
         deadline: Some(Duration::from_secs(5)),
     };
-    let mut builder =
-        rskafka::client::ClientBuilder::new(bootstrap()).client_id("kafka-retry-it").backoff_config(backoff);
-    if let Some(c) = security().sasl() {
-        use retry_kafka::SaslMechanism;
-        let credentials = rskafka::client::Credentials::new(c.username.clone(), sasl_password());
-        builder = builder.sasl_config(match c.mechanism {
-            SaslMechanism::Plain => rskafka::client::SaslConfig::Plain(credentials),
-            SaslMechanism::ScramSha256 => rskafka::client::SaslConfig::ScramSha256(credentials),
-            SaslMechanism::ScramSha512 => rskafka::client::SaslConfig::ScramSha512(credentials),
-        });
-    }
-    let build = builder.build();
+    let builder = rskafka::client::ClientBuilder::new(bootstrap()).client_id("kafka-retry-it").backoff_config(backoff);
+    let build = security().configure_rskafka(builder).build();
     match tokio::time::timeout(BROKER_TIMEOUT, build).await {
         Ok(Ok(client)) => client,
         Ok(Err(e)) => panic!("cannot connect to the broker at {addr}: {e}"),
         Err(_) => panic!("no answer from the broker at {addr} within {BROKER_TIMEOUT:?}"),
     }
-}
-
-/// The test broker's SASL password (the tests' own throwaway credential).
-fn sasl_password() -> String {
-    std::env::var("KAFKA_RETRY_SASL_PASSWORD").unwrap_or_default()
 }
 
 /// Awaits `fut`, failing the test if it takes longer than [`BROKER_TIMEOUT`].

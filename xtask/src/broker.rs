@@ -1,4 +1,5 @@
-//! The test brokers: tansu (a Kafka-compatible broker in Rust) on loopback;
+//! The test brokers: tansu (a Kafka-compatible broker in Rust) on loopback,
+//! optionally requiring SASL and behind a TLS terminator (stunnel);
 //! librdkafka's mock cluster (several brokers with fault injection, from the
 //! interop venv's confluent-kafka wheel); or Apache Kafka under Docker where
 //! a Docker engine exists.
@@ -19,6 +20,7 @@ use anyhow::{bail, Context};
 use crate::{
     paths::{state_dir, workspace_root},
     process,
+    tls::{ClientAuth, TlsFiles},
 };
 
 /// The tansu release we test against; its cache entry is keyed by it.
@@ -46,7 +48,15 @@ pub(crate) enum Action {
         /// prints the user and password.
         #[arg(long, conflicts_with_all = ["docker", "mock"])]
         sasl: bool,
-        /// Port for tansu to listen on (default: a free ephemeral port).
+        /// Put TLS in front of tansu (stunnel, certificates made at start for
+        /// `localhost`); it also prints the CA file. With `--sasl`: SASL_SSL.
+        #[arg(long, conflicts_with_all = ["docker", "mock"])]
+        tls: bool,
+        /// Like `--tls`, and require client certificates (mutual TLS); it
+        /// also prints the client certificate and key.
+        #[arg(long, conflicts_with_all = ["docker", "mock", "sasl"])]
+        mtls: bool,
+        /// Port for clients (default: a free ephemeral port).
         #[arg(long, conflicts_with_all = ["docker", "mock"])]
         port: Option<u16>,
     },
@@ -58,15 +68,15 @@ pub(crate) enum Action {
 
 pub(crate) fn run(action: Action) -> anyhow::Result<()> {
     match action {
-        Action::Up { docker, mock, brokers, sasl, port } => {
-            let wanted = if docker {
-                Kind::Docker
-            } else if mock {
-                Kind::Mock
-            } else if sasl {
-                Kind::TansuSasl
-            } else {
-                Kind::Tansu
+        Action::Up { docker, mock, brokers, sasl, tls, mtls, port } => {
+            let wanted = match (docker, mock, sasl, tls, mtls) {
+                (true, ..) => Kind::Docker,
+                (_, true, ..) => Kind::Mock,
+                (_, _, _, _, true) => Kind::TansuMtls,
+                (_, _, true, true, _) => Kind::TansuSaslTls,
+                (_, _, true, false, _) => Kind::TansuSasl,
+                (_, _, false, true, _) => Kind::TansuTls,
+                _ => Kind::Tansu,
             };
             if let Some(broker) = Broker::load()? {
                 if broker.answers() && broker.kind != wanted {
@@ -88,8 +98,7 @@ pub(crate) fn run(action: Action) -> anyhow::Result<()> {
             let broker = match wanted {
                 Kind::Docker => Broker::start_docker()?,
                 Kind::Mock => Broker::start_mock(brokers)?,
-                Kind::TansuSasl => Broker::start_tansu_sasl(port)?,
-                Kind::Tansu => Broker::start_tansu(port)?,
+                tansu => Broker::start_tansu_kind(tansu, port)?,
             };
             broker.save()?;
             println!("broker running at {} ({})", broker.addr, broker.describe());
@@ -131,6 +140,12 @@ pub(crate) enum Kind {
     Tansu,
     /// tansu requiring SASL (SCRAM-SHA-512) authentication.
     TansuSasl,
+    /// tansu behind TLS (SSL).
+    TansuTls,
+    /// tansu behind TLS requiring client certificates (SSL, mutual TLS).
+    TansuMtls,
+    /// tansu requiring SASL (SCRAM-SHA-512) behind TLS (SASL_SSL).
+    TansuSaslTls,
     /// librdkafka's mock cluster: several brokers, fault injection.
     Mock,
     /// Apache Kafka under docker compose.
@@ -142,8 +157,38 @@ impl Kind {
         match self {
             Kind::Tansu => "tansu",
             Kind::TansuSasl => "tansu-sasl",
+            Kind::TansuTls => "tansu-tls",
+            Kind::TansuMtls => "tansu-mtls",
+            Kind::TansuSaslTls => "tansu-sasl-tls",
             Kind::Mock => "mock",
             Kind::Docker => "docker",
+        }
+    }
+
+    const ALL: [Kind; 7] =
+        [Kind::Tansu, Kind::TansuSasl, Kind::TansuTls, Kind::TansuMtls, Kind::TansuSaslTls, Kind::Mock, Kind::Docker];
+
+    /// Whether clients must authenticate with SASL.
+    pub(crate) fn sasl(self) -> bool {
+        matches!(self, Kind::TansuSasl | Kind::TansuSaslTls)
+    }
+
+    /// Whether clients connect through TLS, and whether they need a certificate.
+    pub(crate) fn tls(self) -> Option<ClientAuth> {
+        match self {
+            Kind::TansuTls | Kind::TansuSaslTls => Some(ClientAuth::None),
+            Kind::TansuMtls => Some(ClientAuth::Required),
+            _ => None,
+        }
+    }
+
+    /// Kafka's `security.protocol` for clients of this broker.
+    pub(crate) fn security_protocol(self) -> &'static str {
+        match (self.sasl(), self.tls().is_some()) {
+            (false, false) => "PLAINTEXT",
+            (false, true) => "SSL",
+            (true, false) => "SASL_PLAINTEXT",
+            (true, true) => "SASL_SSL",
         }
     }
 }
@@ -158,6 +203,11 @@ pub(crate) struct Broker {
     pub(crate) control: Option<String>,
     /// The broker process' pid, which also leads its process group.
     pid: Option<u32>,
+    /// Behind TLS: tansu's own plaintext address, which only the TLS
+    /// terminator uses (brokers advertise the TLS address).
+    backend: Option<String>,
+    /// Behind TLS: the terminator's (stunnel's) pid, leading its process group.
+    proxy_pid: Option<u32>,
     /// Its temporary storage and log.
     data_dir: Option<PathBuf>,
 }
@@ -182,16 +232,23 @@ impl Broker {
         let field = |name: &str| {
             text.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('='))).map(str::to_owned)
         };
-        let kind = match field("kind").as_deref() {
-            Some("tansu") => Kind::Tansu,
-            Some("tansu-sasl") => Kind::TansuSasl,
-            Some("mock") => Kind::Mock,
-            Some("docker") => Kind::Docker,
-            other => bail!("{} is corrupt (kind {other:?}): delete it", path.display()),
+        let kind = field("kind");
+        let Some(kind) = Kind::ALL.into_iter().find(|k| Some(k.name()) == kind.as_deref()) else {
+            bail!("{} is corrupt (kind {kind:?}): delete it", path.display())
         };
         let addr = field("addr").with_context(|| format!("{} has no addr: delete it", path.display()))?;
         let pid = field("pid").map(|p| p.parse()).transpose().context("corrupt pid in the broker state")?;
-        Ok(Some(Broker { kind, addr, control: field("control"), pid, data_dir: field("data_dir").map(PathBuf::from) }))
+        let proxy_pid =
+            field("proxy_pid").map(|p| p.parse()).transpose().context("corrupt proxy pid in the broker state")?;
+        Ok(Some(Broker {
+            kind,
+            addr,
+            control: field("control"),
+            pid,
+            data_dir: field("data_dir").map(PathBuf::from),
+            backend: field("backend"),
+            proxy_pid,
+        }))
     }
 
     /// Records this broker for later `status`, `down` and test runs.
@@ -207,6 +264,12 @@ impl Broker {
         if let Some(dir) = &self.data_dir {
             writeln!(text, "data_dir={}", dir.display())?;
         }
+        if let Some(backend) = &self.backend {
+            writeln!(text, "backend={backend}")?;
+        }
+        if let Some(pid) = self.proxy_pid {
+            writeln!(text, "proxy_pid={pid}")?;
+        }
         fs::create_dir_all(state_dir())?;
         fs::write(state_file(), text).context("cannot record the broker")
     }
@@ -215,9 +278,18 @@ impl Broker {
         match (self.kind, self.pid) {
             (Kind::Tansu, Some(pid)) => format!("tansu {TANSU_VERSION}, pid {pid}"),
             (Kind::Tansu, None) => format!("tansu {TANSU_VERSION}"),
-            (Kind::TansuSasl, pid) => {
+            (Kind::TansuSasl | Kind::TansuTls | Kind::TansuMtls | Kind::TansuSaslTls, pid) => {
                 let pid = pid.map(|p| format!(", pid {p}")).unwrap_or_default();
-                format!("tansu {TANSU_VERSION} requiring SASL SCRAM-SHA-512{pid}")
+                let sasl = if self.kind.sasl() { " requiring SASL SCRAM-SHA-512" } else { "" };
+                let tls = match self.kind.tls() {
+                    None => String::new(),
+                    Some(auth) => {
+                        let proxy = self.proxy_pid.map(|p| format!(", pid {p}")).unwrap_or_default();
+                        let mutual = if auth == ClientAuth::Required { " requiring client certificates" } else { "" };
+                        format!(" behind TLS{mutual} (stunnel{proxy}; tansu itself on {})", self.backend_or_none())
+                    }
+                };
+                format!("tansu {TANSU_VERSION}{sasl}{tls}{pid}")
             }
             (Kind::Mock, pid) => {
                 let brokers = self.addr.split(',').count();
@@ -232,36 +304,77 @@ impl Broker {
         self.control.as_deref().unwrap_or("<none>")
     }
 
-    /// The environment a client of this broker needs, one `NAME=value` a line.
+    fn backend_or_none(&self) -> &str {
+        self.backend.as_deref().unwrap_or("<none>")
+    }
+
+    /// The environment a client of this broker needs, one `NAME=value` a
+    /// line: the test suite's, then billing-bin's.
     fn print_env(&self) {
         println!("{}={}", crate::ci::BROKERS_ENV, self.addr);
         if let Some(control) = &self.control {
             println!("{}={control}", crate::ci::MOCK_CONTROL_ENV);
         }
-        for (name, value) in self.sasl_env() {
+        let security = self.security_env();
+        for (name, value) in &security {
             println!("{name}={value}");
+        }
+        println!("KAFKA_BROKERS={}", self.addr);
+        for (name, value) in &security {
+            if let Some(setting) = name.strip_prefix("KAFKA_RETRY_") {
+                println!("KAFKA_{setting}={value}");
+            }
         }
     }
 
-    /// The SASL settings a client of this broker needs, as environment.
-    pub(crate) fn sasl_env(&self) -> Vec<(&'static str, String)> {
-        if self.kind != Kind::TansuSasl {
+    /// The security settings a client of this broker needs, as the test
+    /// suite's environment (`KAFKA_RETRY_*`); none for a plaintext broker.
+    pub(crate) fn security_env(&self) -> Vec<(&'static str, String)> {
+        use crate::ci::{
+            SASL_MECHANISM_ENV, SASL_PASSWORD_ENV, SASL_USERNAME_ENV, SECURITY_PROTOCOL_ENV, SSL_CA_ENV,
+            SSL_CERTIFICATE_ENV, SSL_KEY_ENV,
+        };
+        if self.kind.security_protocol() == "PLAINTEXT" {
             return Vec::new();
         }
-        let (user, password) = SASL_USER;
-        vec![
-            (crate::ci::SASL_MECHANISM_ENV, "SCRAM-SHA-512".to_owned()),
-            (crate::ci::SASL_USERNAME_ENV, user.to_owned()),
-            (crate::ci::SASL_PASSWORD_ENV, password.to_owned()),
-        ]
+        let mut env = vec![(SECURITY_PROTOCOL_ENV, self.kind.security_protocol().to_owned())];
+        if self.kind.sasl() {
+            let (user, password) = SASL_USER;
+            env.push((SASL_MECHANISM_ENV, "SCRAM-SHA-512".to_owned()));
+            env.push((SASL_USERNAME_ENV, user.to_owned()));
+            env.push((SASL_PASSWORD_ENV, password.to_owned()));
+        }
+        if let (Some(auth), Some(files)) = (self.kind.tls(), self.tls_files()) {
+            env.push((SSL_CA_ENV, files.ca().display().to_string()));
+            if auth == ClientAuth::Required {
+                env.push((SSL_CERTIFICATE_ENV, files.client_certificate().display().to_string()));
+                env.push((SSL_KEY_ENV, files.client_key().display().to_string()));
+            }
+        }
+        env
+    }
+
+    /// The certificates of a TLS broker.
+    fn tls_files(&self) -> Option<TlsFiles> {
+        self.data_dir.as_ref().map(|d| TlsFiles::at(&d.join("tls")))
     }
 
     /// Whether the broker answers now: a Metadata request, or where
-    /// authentication is required, an ApiVersions request (allowed before it).
+    /// authentication is required, an ApiVersions request (allowed before
+    /// it). Behind TLS, tansu itself answers and the terminator accepts
+    /// connections.
     fn probe(&self) -> anyhow::Result<()> {
+        if self.kind.tls().is_some() {
+            let backend = self.backend.as_deref().context("a TLS broker without a backend address")?;
+            probe_api_versions(backend)?;
+            let socket = resolve(&self.addr)?;
+            TcpStream::connect_timeout(&socket, Duration::from_secs(2))
+                .with_context(|| format!("the TLS terminator does not accept connections on {}", self.addr))?;
+            return Ok(());
+        }
         let mut last = Err(anyhow::anyhow!("no address"));
         for addr in self.addr.split(',') {
-            last = if self.kind == Kind::TansuSasl { probe_api_versions(addr) } else { probe_metadata(addr) };
+            last = if self.kind.sasl() { probe_api_versions(addr) } else { probe_metadata(addr) };
             if last.is_ok() {
                 return last;
             }
@@ -275,49 +388,64 @@ impl Broker {
         self.probe().is_ok()
     }
 
+    /// Starts tansu of `kind` (plain, SASL, TLS) and waits until it answers.
+    pub(crate) fn start_tansu_kind(kind: Kind, port: Option<u16>) -> anyhow::Result<Broker> {
+        match kind {
+            Kind::Tansu => Broker::start_tansu(port),
+            Kind::TansuSasl => Broker::start_tansu_sasl(port),
+            Kind::TansuTls | Kind::TansuMtls | Kind::TansuSaslTls => Broker::start_tansu_tls(kind, port),
+            Kind::Mock | Kind::Docker => bail!("{} is not a tansu broker", kind.name()),
+        }
+    }
+
+    /// A broker record for a tansu process.
+    fn tansu(kind: Kind, addr: String, pid: u32, data_dir: PathBuf) -> Broker {
+        Broker { kind, addr, control: None, pid: Some(pid), data_dir: Some(data_dir), backend: None, proxy_pid: None }
+    }
+
     /// Starts tansu on loopback with fresh storage and waits until it answers.
     pub(crate) fn start_tansu(port: Option<u16>) -> anyhow::Result<Broker> {
         let (addr, data_dir) = tansu_place(port)?;
-        let child = spawn_tansu(&addr, &data_dir, false)?;
-        let broker = Broker { kind: Kind::Tansu, addr, control: None, pid: Some(child.id()), data_dir: Some(data_dir) };
-        broker.wait_until_up(child)
+        let child = spawn_tansu(&addr, &addr, &data_dir, false)?;
+        Broker::tansu(Kind::Tansu, addr, child.id(), data_dir).wait_until_up(child)
     }
 
-    /// Starts tansu with SASL authentication required: it first runs
-    /// without, so that `tansu user create` can add the SCRAM-SHA-512 user
-    /// [`SASL_USER`], then again on the same storage with `--authentication`.
+    /// Starts tansu with SASL authentication required, on fresh storage
+    /// with the user [`SASL_USER`].
     pub(crate) fn start_tansu_sasl(port: Option<u16>) -> anyhow::Result<Broker> {
         let (addr, data_dir) = tansu_place(port)?;
-        let child = spawn_tansu(&addr, &data_dir, false)?;
-        let open = Broker { kind: Kind::Tansu, addr, control: None, pid: Some(child.id()), data_dir: Some(data_dir) };
-        let open = open.wait_until_up(child)?;
-        let (user, password) = SASL_USER;
-        let created = process::run(Command::new(install_tansu()?).args([
-            "user",
-            "create",
-            "--broker",
-            &format!("tcp://{}", open.addr),
-            "--mechanism",
-            "scram512",
-            user,
-            password,
-        ]));
-        if let Some(pid) = open.pid {
-            process::stop_group(pid, Duration::from_secs(10));
-        }
-        if let Err(e) = created {
-            let _ = open.stop();
-            return Err(e.context("cannot create the SASL user in tansu"));
-        }
-        let data_dir = open.data_dir.clone().expect("tansu has a data directory");
-        let child = spawn_tansu(&open.addr, &data_dir, true)?;
-        let broker = Broker {
-            kind: Kind::TansuSasl,
-            addr: open.addr,
-            control: None,
-            pid: Some(child.id()),
-            data_dir: Some(data_dir),
+        create_sasl_user(&addr, &data_dir)?;
+        let child = spawn_tansu(&addr, &addr, &data_dir, true)?;
+        Broker::tansu(Kind::TansuSasl, addr, child.id(), data_dir).wait_until_up(child)
+    }
+
+    /// Starts tansu (with SASL if `kind` says so) on a loopback port of its
+    /// own, and stunnel in front of it on `port`, with fresh certificates;
+    /// tansu advertises the TLS address under the certificate's host name.
+    fn start_tansu_tls(kind: Kind, port: Option<u16>) -> anyhow::Result<Broker> {
+        let client_auth = kind.tls().context("not a TLS kind")?;
+        let tls_port = match port {
+            Some(port) => port,
+            None => free_port()?,
         };
+        let (backend, data_dir) = tansu_place(None)?;
+        let files = TlsFiles::generate(&data_dir.join("tls"))?;
+        if kind.sasl() {
+            create_sasl_user(&backend, &data_dir)?;
+        }
+        let addr = format!("{}:{tls_port}", crate::tls::SERVER_NAME);
+        let child = spawn_tansu(&backend, &addr, &data_dir, kind.sasl())?;
+        let mut broker = Broker::tansu(kind, addr, child.id(), data_dir.clone());
+        broker.backend = Some(backend.clone());
+        let proxy =
+            crate::tls::spawn_stunnel(&files, &format!("127.0.0.1:{tls_port}"), &backend, client_auth, &data_dir);
+        match proxy {
+            Ok(proxy) => broker.proxy_pid = Some(proxy.id()),
+            Err(e) => {
+                let _ = broker.stop();
+                return Err(e);
+            }
+        }
         broker.wait_until_up(child)
     }
 
@@ -331,6 +459,12 @@ impl Broker {
                 let tail = process::tail(&log_path, 30);
                 let _ = self.stop();
                 bail!("tansu exited ({status}) before answering on {}; its log ends with:\n{tail}", self.addr);
+            }
+            if let Some(proxy) = self.proxy_pid.filter(|p| !process::is_alive(*p)) {
+                let log = self.data_dir.as_ref().map(|d| d.join("stunnel.log")).unwrap_or_default();
+                let tail = process::tail(&log, 30);
+                let _ = self.stop();
+                bail!("stunnel (pid {proxy}) exited before accepting on {}; its log ends with:\n{tail}", self.addr);
             }
             match self.probe() {
                 Ok(()) => return Ok(self),
@@ -371,6 +505,8 @@ impl Broker {
             control: None,
             pid: Some(child.id()),
             data_dir: Some(data_dir),
+            backend: None,
+            proxy_pid: None,
         };
         let started = Instant::now();
         loop {
@@ -411,8 +547,15 @@ impl Broker {
         process::run(
             Command::new("docker").arg("compose").arg("-f").arg(compose_file()).args(["up", "-d", "--wait", "kafka"]),
         )?;
-        let broker =
-            Broker { kind: Kind::Docker, addr: "127.0.0.1:9092".to_owned(), control: None, pid: None, data_dir: None };
+        let broker = Broker {
+            kind: Kind::Docker,
+            addr: "127.0.0.1:9092".to_owned(),
+            control: None,
+            pid: None,
+            data_dir: None,
+            backend: None,
+            proxy_pid: None,
+        };
         if !process::wait_until(START_TIMEOUT, || broker.answers()) {
             bail!("Kafka did not answer on {} within {START_TIMEOUT:?}: see `docker compose logs kafka`", broker.addr);
         }
@@ -422,7 +565,12 @@ impl Broker {
     /// Stops the broker, deletes its data and forgets it.
     pub(crate) fn stop(&self) -> anyhow::Result<()> {
         match self.kind {
-            Kind::Tansu | Kind::TansuSasl | Kind::Mock => {
+            Kind::Tansu | Kind::TansuSasl | Kind::TansuTls | Kind::TansuMtls | Kind::TansuSaslTls | Kind::Mock => {
+                if let Some(pid) = self.proxy_pid {
+                    if process::is_alive(pid) && process::cmdline(pid).is_some_and(|c| c.contains("stunnel")) {
+                        process::stop_group(pid, Duration::from_secs(10));
+                    }
+                }
                 let program = if self.kind == Kind::Mock { "mock_cluster" } else { "tansu" };
                 if let Some(pid) = self.pid {
                     // Only signal the pid if it is still ours, not a recycled pid.
@@ -469,16 +617,52 @@ fn tansu_place(port: Option<u16>) -> anyhow::Result<(String, PathBuf)> {
     Ok((format!("127.0.0.1:{port}"), data_dir))
 }
 
-/// Spawns tansu on `addr` with its storage in `data_dir`, requiring client
-/// authentication when `authentication` is set; its output is appended to
-/// `data_dir/broker.log`.
-fn spawn_tansu(addr: &str, data_dir: &std::path::Path, authentication: bool) -> anyhow::Result<std::process::Child> {
+/// Adds the SCRAM-SHA-512 user [`SASL_USER`] to tansu's storage in
+/// `data_dir`: `tansu user create` works only while the broker runs without
+/// `--authentication`, so an open broker runs on `addr` meanwhile.
+fn create_sasl_user(addr: &str, data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let child = spawn_tansu(addr, addr, data_dir, false)?;
+    let open = Broker::tansu(Kind::Tansu, addr.to_owned(), child.id(), data_dir.to_owned()).wait_until_up(child)?;
+    let (user, password) = SASL_USER;
+    let created = process::run(Command::new(install_tansu()?).args([
+        "user",
+        "create",
+        "--broker",
+        &format!("tcp://{addr}"),
+        "--mechanism",
+        "scram512",
+        user,
+        password,
+    ]));
+    if let Some(pid) = open.pid {
+        process::stop_group(pid, Duration::from_secs(10));
+    }
+    if let Err(e) = created {
+        let _ = open.stop();
+        return Err(e.context("cannot create the SASL user in tansu"));
+    }
+    Ok(())
+}
+
+/// Spawns tansu listening on `listen` and advertising `advertised`, with
+/// its storage in `data_dir`, requiring client authentication when
+/// `authentication` is set; its output is appended to `data_dir/broker.log`.
+fn spawn_tansu(
+    listen: &str,
+    advertised: &str,
+    data_dir: &std::path::Path,
+    authentication: bool,
+) -> anyhow::Result<std::process::Child> {
     let tansu = install_tansu()?;
     let log = fs::OpenOptions::new().create(true).append(true).open(data_dir.join("broker.log"))?;
-    let url = format!("tcp://{addr}");
     let mut cmd = Command::new(&tansu);
     cmd.arg("broker")
-        .args(["--listener-url", &url, "--advertised-listener-url", &url])
+        .args([
+            "--listener-url",
+            &format!("tcp://{listen}"),
+            "--advertised-listener-url",
+            &format!("tcp://{advertised}"),
+        ])
         // tansu resolves the database path against its working directory.
         .args(["--storage-engine", "sqlite://tansu.db"])
         .args(["--cluster-id", "kafka-retry-test"])
@@ -513,10 +697,15 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// The first IPv4 address of `addr` (where our brokers listen), else its first.
+fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
+    let all: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
+    all.iter().find(|a| a.is_ipv4()).or(all.first()).copied().with_context(|| format!("{addr} does not resolve"))
+}
+
 /// Sends an ApiVersions (v0) request and checks that an answer comes.
 fn probe_api_versions(addr: &str) -> anyhow::Result<()> {
-    let socket: SocketAddr =
-        addr.to_socket_addrs()?.next().with_context(|| format!("{addr} does not resolve to an address"))?;
+    let socket = resolve(addr)?;
     let mut stream = TcpStream::connect_timeout(&socket, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let client_id = b"xtask";

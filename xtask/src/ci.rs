@@ -29,6 +29,26 @@ pub(crate) const SASL_MECHANISM_ENV: &str = "KAFKA_RETRY_SASL_MECHANISM";
 pub(crate) const SASL_USERNAME_ENV: &str = "KAFKA_RETRY_SASL_USERNAME";
 /// See [`SASL_MECHANISM_ENV`].
 pub(crate) const SASL_PASSWORD_ENV: &str = "KAFKA_RETRY_SASL_PASSWORD";
+/// The security protocol of the suite's clients (PLAINTEXT when unset).
+pub(crate) const SECURITY_PROTOCOL_ENV: &str = "KAFKA_RETRY_SECURITY_PROTOCOL";
+/// The CA file that signed a TLS broker's certificate.
+pub(crate) const SSL_CA_ENV: &str = "KAFKA_RETRY_SSL_CA_LOCATION";
+/// The client certificate for a broker that requires mutual TLS.
+pub(crate) const SSL_CERTIFICATE_ENV: &str = "KAFKA_RETRY_SSL_CERTIFICATE_LOCATION";
+/// Its private key.
+pub(crate) const SSL_KEY_ENV: &str = "KAFKA_RETRY_SSL_KEY_LOCATION";
+
+/// Every security setting of the suite, so none leaks from the caller's
+/// environment into a pass against another broker.
+const SECURITY_ENVS: [&str; 7] = [
+    SECURITY_PROTOCOL_ENV,
+    SASL_MECHANISM_ENV,
+    SASL_USERNAME_ENV,
+    SASL_PASSWORD_ENV,
+    SSL_CA_ENV,
+    SSL_CERTIFICATE_ENV,
+    SSL_KEY_ENV,
+];
 
 /// Which brokers `cargo xtask integration` runs the suite against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -37,9 +57,14 @@ pub(crate) enum BrokerChoice {
     Tansu,
     /// librdkafka's mock cluster with three brokers.
     Mock,
-    /// tansu requiring SASL SCRAM-SHA-512: the suite once more, authenticated.
+    /// tansu requiring SASL SCRAM-SHA-512 (SASL_PLAINTEXT).
     TansuSasl,
-    /// All three, one after the other.
+    /// tansu requiring SASL SCRAM-SHA-512 behind TLS (SASL_SSL).
+    TansuSaslTls,
+    /// tansu behind TLS requiring client certificates (SSL, mutual TLS).
+    TansuMtls,
+    /// What CI runs: tansu, the mock cluster, SASL_SSL and mutual TLS, one
+    /// after the other.
     All,
 }
 
@@ -56,12 +81,18 @@ const NOT_ON_MOCK: &[(&str, &str)] = &[
     ),
 ];
 
-/// The suite's slowest test, left out of the SASL pass to keep CI short.
+/// The suite's slowest test, left out of the secured passes to keep CI short.
 const SLOWEST: &str = "billing::a_kill_mid_stream_charges_every_event_exactly_once";
 
-/// Tests whose name contains this need a broker that requires SASL; the
-/// suite runs once more against tansu requiring SASL, these included.
+/// Tests whose name contains this need a broker that requires SASL.
 const SASL_ONLY: &str = "sasl_only";
+
+/// Tests whose name contains this need a broker behind TLS.
+const TLS_ONLY: &str = "tls_only";
+
+/// Tests whose name contains this need a broker that requires client
+/// certificates (mutual TLS).
+const CLIENT_CERT_ONLY: &str = "client_cert_only";
 
 /// The module of the fault tests, which the mock cluster runs one at a time.
 const FAULTS: &str = "faults::";
@@ -80,7 +111,9 @@ pub(crate) fn integration(choice: BrokerChoice, test_args: &[String]) -> anyhow:
         BrokerChoice::Tansu => &[Kind::Tansu],
         BrokerChoice::Mock => &[Kind::Mock],
         BrokerChoice::TansuSasl => &[Kind::TansuSasl],
-        BrokerChoice::All => &[Kind::Tansu, Kind::Mock, Kind::TansuSasl],
+        BrokerChoice::TansuSaslTls => &[Kind::TansuSaslTls],
+        BrokerChoice::TansuMtls => &[Kind::TansuMtls],
+        BrokerChoice::All => &[Kind::Tansu, Kind::Mock, Kind::TansuSaslTls, Kind::TansuMtls],
     };
     for &kind in kinds {
         eprintln!("integration: the suite against {}", kind.name());
@@ -98,8 +131,8 @@ pub(crate) struct Target<'a> {
     pub(crate) addr: &'a str,
     /// The mock cluster's control channel.
     pub(crate) control: Option<&'a str>,
-    /// SASL settings as environment, where the broker requires them.
-    pub(crate) sasl: Vec<(&'static str, String)>,
+    /// Security settings (SASL, TLS) as environment, where the broker requires them.
+    pub(crate) security: Vec<(&'static str, String)>,
 }
 
 /// Runs `work` with a broker's address: `$KAFKA_RETRY_BROKERS`, else the
@@ -116,11 +149,9 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
         let control = std::env::var(MOCK_CONTROL_ENV).ok();
         eprintln!("using the broker at {addr} from {BROKERS_ENV}");
         let kind = if control.is_some() { Kind::Mock } else { kind };
-        let sasl = [SASL_MECHANISM_ENV, SASL_USERNAME_ENV, SASL_PASSWORD_ENV]
-            .into_iter()
-            .filter_map(|name| std::env::var(name).ok().map(|v| (name, v)))
-            .collect();
-        return work(&Target { kind, addr: &addr, control: control.as_deref(), sasl });
+        let security =
+            SECURITY_ENVS.into_iter().filter_map(|name| std::env::var(name).ok().map(|v| (name, v))).collect();
+        return work(&Target { kind, addr: &addr, control: control.as_deref(), security });
     }
     if let Some(broker) = Broker::load()? {
         let usable = broker.kind == kind || (kind == Kind::Tansu && broker.kind == Kind::Docker);
@@ -130,7 +161,7 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
                 kind: broker.kind,
                 addr: &broker.addr,
                 control: broker.control.as_deref(),
-                sasl: broker.sasl_env(),
+                security: broker.security_env(),
             });
         }
         if usable {
@@ -139,15 +170,15 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
     }
     let broker = match kind {
         Kind::Mock => Broker::start_mock(MOCK_BROKERS)?,
-        Kind::TansuSasl => Broker::start_tansu_sasl(None)?,
-        _ => Broker::start_tansu(None)?,
+        Kind::Docker => Broker::start_tansu(None)?,
+        tansu => Broker::start_tansu_kind(tansu, None)?,
     };
     eprintln!("started {} at {}", broker.describe(), broker.addr);
     let result = work(&Target {
         kind: broker.kind,
         addr: &broker.addr,
         control: broker.control.as_deref(),
-        sasl: broker.sasl_env(),
+        security: broker.security_env(),
     });
     let stopped = broker.stop();
     result?;
@@ -169,23 +200,36 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
         .env(BROKER_KIND_ENV, target.kind.name())
         .env(BILLING_BIN_ENV, billing_bin)
         .env(crate::python::PYTHON_ENV, python);
-    for name in [SASL_MECHANISM_ENV, SASL_USERNAME_ENV, SASL_PASSWORD_ENV] {
+    for name in SECURITY_ENVS {
         cmd.env_remove(name);
     }
-    if target.kind == Kind::TansuSasl {
-        // Every client of the suite authenticates with these (ours, rskafka,
-        // billing-bin, the interop client).
+    // Tests for a security setup the broker lacks are left out by name.
+    let lacks = [
+        (SASL_ONLY, !target.kind.sasl()),
+        (TLS_ONLY, target.kind.tls().is_none()),
+        (CLIENT_CERT_ONLY, target.kind.tls() != Some(crate::tls::ClientAuth::Required)),
+    ];
+    for (marker, lacking) in lacks {
+        if lacking {
+            cmd.args(["--skip", marker]);
+        }
+    }
+    if !target.security.is_empty() {
+        // Every client of the suite uses these (ours, rskafka, billing-bin,
+        // the interop client).
         eprintln!(
-            "integration: the suite through SASL SCRAM-SHA-512; tests named *{MOCK_ONLY}* are left out (fault \
-             injection), and so is {SLOWEST} (crash recovery, the suite's slowest, has nothing to do with \
-             authentication and runs on the other brokers)"
+            "integration: the suite through {} ({}); tests named *{MOCK_ONLY}* are left out (fault injection), \
+             and so is {SLOWEST} (crash recovery, the suite's slowest, has nothing to do with security and runs on \
+             the other brokers)",
+            target.kind.security_protocol(),
+            target.kind.name()
         );
-        cmd.envs(target.sasl.iter().map(|(k, v)| (k, v))).args(["--skip", MOCK_ONLY, "--skip", SLOWEST]);
+        cmd.envs(target.security.iter().map(|(k, v)| (k, v))).args(["--skip", MOCK_ONLY, "--skip", SLOWEST]);
         return run(&mut cmd);
     }
     match target.control {
         Some(control) => {
-            cmd.env(MOCK_CONTROL_ENV, control).args(["--skip", SASL_ONLY]);
+            cmd.env(MOCK_CONTROL_ENV, control);
             for (marker, why) in NOT_ON_MOCK {
                 eprintln!(
                     "integration: on the mock cluster, tests named *{marker}* are left out (they run on tansu): {why}"
@@ -211,7 +255,7 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
                     .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
                     .args(test_args)
                     .args(NOT_ON_MOCK.iter().flat_map(|(marker, _)| ["--skip", marker]))
-                    .args(["--skip", SASL_ONLY])
+                    .args([SASL_ONLY, TLS_ONLY, CLIENT_CERT_ONLY].iter().flat_map(|marker| ["--skip", marker]))
                     .arg("--test-threads=1")
                     .envs(envs);
                 if filters.is_empty() {
@@ -228,7 +272,7 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
                  fault injection (they run on the mock)",
                 target.kind.name()
             );
-            cmd.env_remove(MOCK_CONTROL_ENV).args(["--skip", MOCK_ONLY, "--skip", SASL_ONLY]);
+            cmd.env_remove(MOCK_CONTROL_ENV).args(["--skip", MOCK_ONLY]);
         }
     }
     run(&mut cmd)

@@ -13,6 +13,7 @@ mod demo;
 mod paths;
 mod process;
 mod python;
+mod tls;
 
 use clap::{Parser, Subcommand};
 

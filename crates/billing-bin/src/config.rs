@@ -4,7 +4,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use retry_core::RetrySchedule;
-use retry_kafka::{ConnectionConfig, SaslCredentials, Secret, Security, SecurityProtocol};
+use retry_kafka::{ConnectionConfig, SaslCredentials, Secret, Security, SecurityProtocol, TlsFile, TlsSettings};
 
 use crate::Failure;
 
@@ -129,7 +129,7 @@ pub(crate) struct KafkaArgs {
     /// `pretty` for people, `json` for log collectors.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty, global = true)]
     pub(crate) log_format: LogFormat,
-    /// How connections to Kafka authenticate: PLAINTEXT or SASL_PLAINTEXT.
+    /// How connections to Kafka are secured: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
     #[arg(long, env = "KAFKA_SECURITY_PROTOCOL", default_value = "PLAINTEXT", global = true)]
     pub(crate) security_protocol: String,
     /// The SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
@@ -144,6 +144,19 @@ pub(crate) struct KafkaArgs {
     /// A file whose content (trailing newline removed) is the SASL password.
     #[arg(long, env = "KAFKA_SASL_PASSWORD_FILE", global = true)]
     pub(crate) sasl_password_file: Option<std::path::PathBuf>,
+    /// With SSL and SASL_SSL: a PEM file of the CAs to trust (default: the system's).
+    #[arg(long, env = "KAFKA_SSL_CA_LOCATION", global = true)]
+    pub(crate) ssl_ca_location: Option<std::path::PathBuf>,
+    /// The client certificate (PEM), for brokers that require mutual TLS.
+    #[arg(long, env = "KAFKA_SSL_CERTIFICATE_LOCATION", global = true)]
+    pub(crate) ssl_certificate_location: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM, unencrypted).
+    #[arg(long, env = "KAFKA_SSL_KEY_LOCATION", global = true)]
+    pub(crate) ssl_key_location: Option<std::path::PathBuf>,
+    /// `https` checks that the broker's certificate names the host connected to;
+    /// `none` does not (a warning is logged at start).
+    #[arg(long, env = "KAFKA_SSL_ENDPOINT_IDENTIFICATION", default_value = "https", global = true)]
+    pub(crate) ssl_endpoint_identification: String,
 }
 
 impl KafkaArgs {
@@ -157,14 +170,71 @@ impl KafkaArgs {
     /// The security settings, checked to fit together; each problem names
     /// the setting, never a secret.
     fn security(&self) -> Result<Security, Failure> {
-        let config = |e: retry_kafka::Error| Failure::Config(format!("KAFKA_SECURITY_PROTOCOL and KAFKA_SASL_*: {e}"));
-        let protocol: SecurityProtocol = self.security_protocol.parse().map_err(config)?;
+        let protocol: SecurityProtocol =
+            self.security_protocol.parse().map_err(|e| Failure::Config(format!("KAFKA_SECURITY_PROTOCOL: {e}")))?;
+        let tls = self.tls()?;
+        let sasl = self.sasl()?;
+        let security = Security::new(protocol, sasl, tls).map_err(|e| match e {
+            retry_kafka::Error::TlsFile { file, .. } => {
+                let setting = match file {
+                    TlsFile::Ca => "KAFKA_SSL_CA_LOCATION",
+                    TlsFile::Certificate => "KAFKA_SSL_CERTIFICATE_LOCATION",
+                    TlsFile::Key => "KAFKA_SSL_KEY_LOCATION",
+                };
+                Failure::Config(format!("{setting}: {e}"))
+            }
+            other => Failure::Config(format!("KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_* and KAFKA_SSL_*: {other}")),
+        })?;
+        if security.tls().is_some_and(|t| !t.verify_hostname) {
+            tracing::warn!(
+                "KAFKA_SSL_ENDPOINT_IDENTIFICATION=none: broker certificates are not checked against host names; \
+                 anyone holding a certificate from a trusted CA can pose as a broker"
+            );
+        }
+        Ok(security)
+    }
+
+    /// The TLS settings; a certificate without its key (or the reverse) is refused here, by name.
+    fn tls(&self) -> Result<TlsSettings, Failure> {
+        let verify_hostname = match self.ssl_endpoint_identification.trim().to_ascii_lowercase().as_str() {
+            "https" => true,
+            "none" => false,
+            other => {
+                return Err(Failure::Config(format!(
+                    "KAFKA_SSL_ENDPOINT_IDENTIFICATION is {other:?}: expected https (check host names) or none"
+                )))
+            }
+        };
+        match (&self.ssl_certificate_location, &self.ssl_key_location) {
+            (Some(_), None) => {
+                return Err(Failure::Config(
+                    "KAFKA_SSL_KEY_LOCATION is required with KAFKA_SSL_CERTIFICATE_LOCATION".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Failure::Config(
+                    "KAFKA_SSL_CERTIFICATE_LOCATION is required with KAFKA_SSL_KEY_LOCATION".into(),
+                ))
+            }
+            _ => {}
+        }
+        Ok(TlsSettings {
+            ca_location: self.ssl_ca_location.clone(),
+            certificate_location: self.ssl_certificate_location.clone(),
+            key_location: self.ssl_key_location.clone(),
+            verify_hostname,
+        })
+    }
+
+    /// The SASL credentials, if any setting of them is given.
+    fn sasl(&self) -> Result<Option<SaslCredentials>, Failure> {
+        let config = |e: retry_kafka::Error| Failure::Config(format!("KAFKA_SASL_MECHANISM: {e}"));
         let given = self.sasl_mechanism.is_some()
             || self.sasl_username.is_some()
             || self.sasl_password.is_some()
             || self.sasl_password_file.is_some();
         if !given {
-            return Security::new(protocol, None).map_err(config);
+            return Ok(None);
         }
         let mechanism = self
             .sasl_mechanism
@@ -192,8 +262,7 @@ impl KafkaArgs {
                 ))
             }
         };
-        let credentials = SaslCredentials { mechanism, username, password: Secret::new(password) };
-        Security::new(protocol, Some(credentials)).map_err(config)
+        Ok(Some(SaslCredentials { mechanism, username, password: Secret::new(password) }))
     }
 }
 

@@ -39,7 +39,7 @@ pub(crate) struct Cluster {
 impl Cluster {
     /// Connects to the bootstrap brokers (within the request timeout).
     pub(crate) async fn connect(config: &ConnectionConfig) -> Result<Cluster> {
-        crate::protocol::wire::check_credentials(config).await?;
+        crate::protocol::wire::check_security(config).await?;
         let client = connect(config).await?;
         Ok(Cluster { config: config.clone(), client: Mutex::new(Arc::new(client)), renewing: Default::default() })
     }

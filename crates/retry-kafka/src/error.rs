@@ -57,6 +57,25 @@ pub enum Error {
         /// Why, as the broker said it.
         reason: String,
     },
+    /// A TLS handshake failed, or the broker ended TLS: an untrusted
+    /// certificate, a host name it does not hold, a refused client certificate.
+    #[error("TLS with {addr} failed: {reason}")]
+    Tls {
+        /// The broker.
+        addr: String,
+        /// What it means and what to do.
+        reason: String,
+    },
+    /// A TLS file (CA bundle, client certificate or key) is unusable.
+    #[error("{} {}: {reason}", file.property(), path.display())]
+    TlsFile {
+        /// Which setting names it.
+        file: crate::TlsFile,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// A request or response could not be encoded or decoded.
     #[error("{api} with {addr}: malformed message: {reason}")]
     Protocol {
@@ -125,7 +144,11 @@ impl Error {
     pub(crate) fn needs_reconnect(&self) -> bool {
         use crate::protocol::ResponseError::*;
         match self {
-            Error::Connect { .. } | Error::Io { .. } | Error::Timeout { .. } | Error::Protocol { .. } => true,
+            Error::Connect { .. }
+            | Error::Io { .. }
+            | Error::Tls { .. }
+            | Error::Timeout { .. }
+            | Error::Protocol { .. } => true,
             Error::Broker { error, .. } => {
                 matches!(error, NotCoordinator | CoordinatorNotAvailable | CoordinatorLoadInProgress)
             }

@@ -64,7 +64,7 @@ pub use consumer::{
 };
 pub use error::{Error, Result};
 pub use protocol::{group::TopicPartition, ResponseError};
-pub use security::{SaslCredentials, SaslMechanism, Secret, Security, SecurityProtocol};
+pub use security::{SaslCredentials, SaslMechanism, Secret, Security, SecurityProtocol, TlsFile, TlsSettings};
 pub use stats::{ListenerStats, StatsSnapshot};
 
 /// How to reach the cluster.

@@ -309,12 +309,9 @@ pub(crate) async fn connect(config: &ConnectionConfig) -> Result<Client> {
         base: 2.0,
         deadline: Some(config.request_timeout.min(RSKAFKA_RETRY_BUDGET)),
     };
-    let mut builder =
+    let builder =
         ClientBuilder::new(config.bootstrap.clone()).client_id(config.client_id.clone()).backoff_config(backoff);
-    if let Some(sasl) = config.security.rskafka_sasl() {
-        builder = builder.sasl_config(sasl);
-    }
-    let build = builder.build();
+    let build = config.security.configure_rskafka(builder).build();
     match tokio::time::timeout(config.request_timeout, build).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(source)) => Err(Error::Client { what: format!("connecting to {}", config.bootstrap.join(",")), source }),

@@ -1,4 +1,5 @@
-//! One TCP connection to one broker, speaking the Kafka protocol through the
+//! One connection to one broker (TCP, or TLS over TCP, and SASL as the
+//! security configuration says), speaking the Kafka protocol through the
 //! `kafka-protocol` crate: framing, correlation ids, and version negotiation.
 //!
 //! rskafka covers produce, fetch and metadata; this covers what it lacks
@@ -16,11 +17,16 @@ use kafka_protocol::{
     protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes, VersionRange},
 };
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 
-use crate::{ConnectionConfig, Error, Result, SaslCredentials};
+use crate::{security::tls, ConnectionConfig, Error, Result, SaslCredentials};
+
+/// The byte stream under a connection: TCP, or TLS over TCP.
+trait Transport: AsyncRead + AsyncWrite + Unpin + Send + Sync {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + Sync> Transport for T {}
 
 /// The largest response we accept; a larger length prefix means a corrupt
 /// stream, not a real message.
@@ -96,7 +102,7 @@ fn api_key_name(key: ApiKey) -> &'static str {
 /// A connection to one broker, with the API versions it supports.
 pub(crate) struct Connection {
     addr: String,
-    stream: TcpStream,
+    stream: Box<dyn Transport>,
     client_id: StrBytes,
     next_correlation_id: i32,
     timeout: Duration,
@@ -108,27 +114,45 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    /// Connects to `addr` as `config` says: asks which API versions it
-    /// supports, then authenticates (SASL) when the security protocol asks
-    /// for it. Every step, and every later request, is bounded by the
-    /// request timeout.
+    /// Connects to `addr` as `config` says: TLS when the security protocol
+    /// asks for it, then which API versions the broker supports, then SASL
+    /// when the protocol asks for it. Every step, and every later request,
+    /// is bounded by the request timeout.
     pub(crate) async fn connect(addr: &str, config: &ConnectionConfig) -> Result<Self> {
-        let mut conn = Self::connect_plain(addr, &config.client_id, config.request_timeout).await?;
+        let mut conn = Self::connect_unauthenticated(addr, config).await?;
         if let Some(credentials) = config.security.sasl() {
             conn.authenticate(credentials).await?;
         }
         Ok(conn)
     }
 
-    /// Connects and negotiates versions, without authenticating.
-    async fn connect_plain(addr: &str, client_id: &str, timeout: Duration) -> Result<Self> {
+    /// Connects (with TLS if configured) and negotiates versions, without SASL.
+    async fn connect_unauthenticated(addr: &str, config: &ConnectionConfig) -> Result<Self> {
+        let (client_id, timeout) = (&config.client_id, config.request_timeout);
         let connect = tokio::time::timeout(timeout, TcpStream::connect(addr)).await;
-        let stream = match connect {
+        let tcp = match connect {
             Ok(Ok(stream)) => stream,
             Ok(Err(source)) => return Err(Error::Connect { addr: addr.to_owned(), source }),
             Err(_) => return Err(Error::Timeout { addr: addr.to_owned(), api: "connect", timeout }),
         };
-        let _ = stream.set_nodelay(true);
+        let _ = tcp.set_nodelay(true);
+        let stream: Box<dyn Transport> = match config.security.rustls_config() {
+            None => Box::new(tcp),
+            Some(rustls_config) => {
+                let handshake = tokio_rustls::TlsConnector::from(rustls_config).connect(tls::server_name(addr)?, tcp);
+                match tokio::time::timeout(timeout, handshake).await {
+                    Ok(Ok(stream)) => Box::new(stream),
+                    Ok(Err(e)) => return Err(tls_failure(addr, &e)),
+                    Err(_) => {
+                        let reason = format!(
+                            "no TLS handshake within {timeout:?}: is {addr} a TLS listener? (a plaintext listener \
+                             waits for the rest of what it takes for a request)"
+                        );
+                        return Err(Error::Tls { addr: addr.to_owned(), reason });
+                    }
+                }
+            }
+        };
         let mut conn = Connection {
             addr: addr.to_owned(),
             stream,
@@ -316,6 +340,9 @@ impl Connection {
                 self.in_flight = false;
                 body
             }
+            // A broker that refuses the client certificate says so after the
+            // TLS 1.3 handshake, on the first read.
+            Ok(Err(source)) if tls::explain(&source).is_some() => return Err(tls_failure(&self.addr, &source)),
             Ok(Err(source)) => return Err(Error::Io { addr: self.addr.clone(), api, source }),
             Err(_) => return Err(Error::Timeout { addr: self.addr.clone(), api, timeout }),
         };
@@ -352,19 +379,28 @@ impl Connection {
     }
 }
 
-/// Authenticates once against the first bootstrap broker that answers, so
-/// that wrong credentials fail at once with [`Error::Authentication`]
-/// (naming the broker, the user and the mechanism) instead of after
-/// rskafka's retries with its own wording. Other failures are left to the
-/// caller's connection attempt, which reports them.
-pub(crate) async fn check_credentials(config: &ConnectionConfig) -> Result<()> {
-    if config.security.sasl().is_none() {
+/// A failed TLS handshake or TLS read, explained.
+fn tls_failure(addr: &str, e: &std::io::Error) -> Error {
+    let reason = tls::explain(e).unwrap_or_else(|| {
+        format!("the connection ended during the handshake ({e}): is {addr} a TLS listener, and does it accept this client?")
+    });
+    Error::Tls { addr: addr.to_owned(), reason }
+}
+
+/// Connects once to the first bootstrap broker that answers, so that wrong
+/// credentials, an untrusted certificate or a host name mismatch fail at
+/// once with [`Error::Authentication`] or [`Error::Tls`] (naming the broker
+/// and what to fix) instead of after rskafka's retries with its own
+/// wording. Other failures are left to the caller's connection attempt,
+/// which reports them.
+pub(crate) async fn check_security(config: &ConnectionConfig) -> Result<()> {
+    if config.security.sasl().is_none() && config.security.rustls_config().is_none() {
         return Ok(());
     }
     for addr in &config.bootstrap {
         match Connection::connect(addr, config).await {
             Ok(_) => return Ok(()),
-            Err(e @ Error::Authentication { .. }) => return Err(e),
+            Err(e @ (Error::Authentication { .. } | Error::Tls { .. })) => return Err(e),
             Err(e) => tracing::debug!(%addr, error = %e, "cannot check the credentials against this broker"),
         }
     }

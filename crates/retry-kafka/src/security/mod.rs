@@ -1,12 +1,17 @@
-//! How connections to the cluster authenticate: the security protocol and,
-//! with SASL, the mechanism and credentials. One configuration, used by
-//! every connection the crate opens (rskafka's and our own).
+//! How connections to the cluster are secured: the security protocol, with
+//! SASL the mechanism and credentials, with TLS the trust and identity
+//! ([`tls`]). One configuration, used by every connection the crate opens
+//! (rskafka's and our own).
 //!
 //! Secrets never leave this module in clear: [`Secret`]'s `Debug` and
 //! `Display` print a placeholder, and errors name the user and the
 //! mechanism, never the password.
 
-use std::{fmt, str::FromStr};
+pub(crate) mod tls;
+
+use std::{fmt, str::FromStr, sync::Arc};
+
+pub use tls::{TlsFile, TlsSettings};
 
 use crate::{Error, Result};
 
@@ -44,8 +49,12 @@ pub enum SecurityProtocol {
     /// No authentication, no encryption.
     #[default]
     Plaintext,
+    /// TLS, no SASL (a client certificate may authenticate the client).
+    Ssl,
     /// SASL authentication, no encryption.
     SaslPlaintext,
+    /// SASL authentication inside TLS.
+    SaslSsl,
 }
 
 impl SecurityProtocol {
@@ -53,8 +62,20 @@ impl SecurityProtocol {
     pub fn name(self) -> &'static str {
         match self {
             SecurityProtocol::Plaintext => "PLAINTEXT",
+            SecurityProtocol::Ssl => "SSL",
             SecurityProtocol::SaslPlaintext => "SASL_PLAINTEXT",
+            SecurityProtocol::SaslSsl => "SASL_SSL",
         }
+    }
+
+    /// Whether connections are wrapped in TLS.
+    pub fn uses_tls(self) -> bool {
+        matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
+    }
+
+    /// Whether connections authenticate with SASL.
+    pub fn uses_sasl(self) -> bool {
+        matches!(self, SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl)
     }
 }
 
@@ -64,11 +85,12 @@ impl FromStr for SecurityProtocol {
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_uppercase().as_str() {
             "PLAINTEXT" => Ok(SecurityProtocol::Plaintext),
+            "SSL" => Ok(SecurityProtocol::Ssl),
             "SASL_PLAINTEXT" => Ok(SecurityProtocol::SaslPlaintext),
-            "SSL" | "SASL_SSL" => Err(Error::Config(format!(
-                "security protocol {s} is not supported yet (TLS is not implemented): use PLAINTEXT or SASL_PLAINTEXT"
+            "SASL_SSL" => Ok(SecurityProtocol::SaslSsl),
+            _ => Err(Error::Config(format!(
+                "unknown security protocol {s:?}: expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
             ))),
-            _ => Err(Error::Config(format!("unknown security protocol {s:?}: expected PLAINTEXT or SASL_PLAINTEXT"))),
         }
     }
 }
@@ -121,31 +143,42 @@ pub struct SaslCredentials {
     pub password: Secret,
 }
 
-/// How every connection authenticates; [`Security::default`] is PLAINTEXT.
+/// How every connection is secured; [`Security::default`] is PLAINTEXT.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Security {
     protocol: SecurityProtocol,
     sasl: Option<SaslCredentials>,
+    tls: Option<tls::Tls>,
 }
 
 impl Security {
-    /// `protocol` with `sasl` credentials; fails when they do not fit
-    /// together (SASL without credentials, credentials without SASL, an
-    /// empty user name or password).
-    pub fn new(protocol: SecurityProtocol, sasl: Option<SaslCredentials>) -> Result<Self> {
-        match (protocol, &sasl) {
-            (SecurityProtocol::SaslPlaintext, None) => {
-                return Err(Error::Config(
-                    "security protocol SASL_PLAINTEXT needs a SASL mechanism, user name and password".into(),
-                ))
+    /// `protocol` with `sasl` credentials and, for SSL and SASL_SSL, `tls`
+    /// (whose files are read now). Fails when they do not fit together
+    /// (SASL without credentials, credentials without SASL, an empty user
+    /// name or password, TLS files without TLS) or a file is unusable.
+    pub fn new(protocol: SecurityProtocol, sasl: Option<SaslCredentials>, tls: TlsSettings) -> Result<Self> {
+        match (protocol.uses_sasl(), &sasl) {
+            (true, None) => {
+                return Err(Error::Config(format!(
+                    "security protocol {} needs a SASL mechanism, user name and password",
+                    protocol.name()
+                )))
             }
-            (SecurityProtocol::Plaintext, Some(_)) => {
-                return Err(Error::Config(
-                    "SASL credentials were given but the security protocol is PLAINTEXT: set it to SASL_PLAINTEXT"
-                        .into(),
-                ))
+            (false, Some(_)) => {
+                let with_sasl = if protocol.uses_tls() { "SASL_SSL" } else { "SASL_PLAINTEXT" };
+                return Err(Error::Config(format!(
+                    "SASL credentials were given but the security protocol is {}: set it to {with_sasl}",
+                    protocol.name()
+                )));
             }
             _ => {}
+        }
+        if !protocol.uses_tls() && tls != TlsSettings::default() {
+            let with_tls = if protocol.uses_sasl() { "SASL_SSL" } else { "SSL" };
+            return Err(Error::Config(format!(
+                "TLS settings were given but the security protocol is {}: set it to {with_tls}",
+                protocol.name()
+            )));
         }
         if let Some(credentials) = &sasl {
             if credentials.username.is_empty() {
@@ -155,7 +188,8 @@ impl Security {
                 return Err(Error::Config(format!("the SASL password of {} is empty", credentials.username)));
             }
         }
-        Ok(Security { protocol, sasl })
+        let tls = if protocol.uses_tls() { Some(tls::Tls::load(tls)?) } else { None };
+        Ok(Security { protocol, sasl, tls })
     }
 
     /// The security protocol.
@@ -168,8 +202,30 @@ impl Security {
         self.sasl.as_ref()
     }
 
+    /// The TLS settings, if the protocol uses TLS.
+    pub fn tls(&self) -> Option<&TlsSettings> {
+        self.tls.as_ref().map(|t| &t.settings)
+    }
+
+    /// The rustls configuration every connection uses, if the protocol uses TLS.
+    pub(crate) fn rustls_config(&self) -> Option<Arc<rustls::ClientConfig>> {
+        self.tls.as_ref().map(|t| t.config.clone())
+    }
+
+    /// `builder` with these settings: how other rskafka clients (tools,
+    /// tests) connect exactly as this crate's do.
+    pub fn configure_rskafka(&self, mut builder: rskafka::client::ClientBuilder) -> rskafka::client::ClientBuilder {
+        if let Some(sasl) = self.rskafka_sasl() {
+            builder = builder.sasl_config(sasl);
+        }
+        if let Some(tls) = self.rustls_config() {
+            builder = builder.tls_config(tls);
+        }
+        builder
+    }
+
     /// rskafka's SASL configuration, if any.
-    pub(crate) fn rskafka_sasl(&self) -> Option<rskafka::client::SaslConfig> {
+    fn rskafka_sasl(&self) -> Option<rskafka::client::SaslConfig> {
         use rskafka::client::{Credentials, SaslConfig};
         let c = self.sasl.as_ref()?;
         let credentials = Credentials::new(c.username.clone(), c.password.expose().to_owned());
@@ -192,7 +248,7 @@ mod tests {
     #[test]
     fn secrets_never_print() {
         let c = credentials(SaslMechanism::ScramSha512, "billing", "hunter2-very-secret");
-        let security = Security::new(SecurityProtocol::SaslPlaintext, Some(c)).unwrap();
+        let security = Security::new(SecurityProtocol::SaslPlaintext, Some(c), TlsSettings::default()).unwrap();
         for shown in [format!("{security:?}"), format!("{:?}", security.sasl().unwrap().password)] {
             assert!(!shown.contains("hunter2"), "{shown}");
             assert!(shown.contains("redacted"), "{shown}");
@@ -207,25 +263,32 @@ mod tests {
         assert_eq!("SCRAM-SHA-512".parse::<SaslMechanism>().unwrap(), SaslMechanism::ScramSha512);
         assert_eq!("scram-sha-256".parse::<SaslMechanism>().unwrap(), SaslMechanism::ScramSha256);
         assert_eq!("PLAIN".parse::<SaslMechanism>().unwrap(), SaslMechanism::Plain);
-        for (bad, expected) in [("SSL", "not supported yet"), ("SASL", "unknown security protocol")] {
-            let e = bad.parse::<SecurityProtocol>().unwrap_err().to_string();
-            assert!(e.contains(expected), "{bad}: {e}");
-        }
+        assert_eq!("ssl".parse::<SecurityProtocol>().unwrap(), SecurityProtocol::Ssl);
+        assert_eq!("SASL_SSL".parse::<SecurityProtocol>().unwrap(), SecurityProtocol::SaslSsl);
+        let e = "SASL".parse::<SecurityProtocol>().unwrap_err().to_string();
+        assert!(e.contains("unknown security protocol"), "{e}");
         assert!("GSSAPI".parse::<SaslMechanism>().unwrap_err().to_string().contains("unknown SASL mechanism"));
     }
 
     #[test]
     fn settings_that_do_not_fit_together() {
         let c = || credentials(SaslMechanism::Plain, "u", "p");
-        let refused = |protocol, sasl, expected: &str| {
-            let e = Security::new(protocol, sasl).unwrap_err().to_string();
+        let ca = TlsSettings { ca_location: Some("ca.pem".into()), ..TlsSettings::default() };
+        let refused = |protocol, sasl, tls: &TlsSettings, expected: &str| {
+            let e = Security::new(protocol, sasl, tls.clone()).unwrap_err().to_string();
             assert!(e.contains(expected), "{e}");
         };
-        refused(SecurityProtocol::SaslPlaintext, None, "needs a SASL mechanism");
-        refused(SecurityProtocol::Plaintext, Some(c()), "set it to SASL_PLAINTEXT");
-        refused(SecurityProtocol::SaslPlaintext, Some(credentials(SaslMechanism::Plain, "", "p")), "user name");
-        refused(SecurityProtocol::SaslPlaintext, Some(credentials(SaslMechanism::Plain, "u", "")), "password");
-        assert!(Security::new(SecurityProtocol::SaslPlaintext, Some(c())).is_ok());
+        let none = &TlsSettings::default();
+        use SecurityProtocol::*;
+        refused(SaslPlaintext, None, none, "needs a SASL mechanism");
+        refused(SaslSsl, None, none, "SASL_SSL needs a SASL mechanism");
+        refused(Plaintext, Some(c()), none, "set it to SASL_PLAINTEXT");
+        refused(Ssl, Some(c()), none, "set it to SASL_SSL");
+        refused(Plaintext, None, &ca, "set it to SSL");
+        refused(SaslPlaintext, Some(c()), &ca, "set it to SASL_SSL");
+        refused(SaslPlaintext, Some(credentials(SaslMechanism::Plain, "", "p")), none, "user name");
+        refused(SaslPlaintext, Some(credentials(SaslMechanism::Plain, "u", "")), none, "password");
+        assert!(Security::new(SaslPlaintext, Some(c()), TlsSettings::default()).is_ok());
         assert_eq!(Security::default().protocol(), SecurityProtocol::Plaintext);
     }
 }

@@ -1,0 +1,142 @@
+//! TLS: against tansu behind stunnel, which `cargo xtask integration` starts
+//! for the SASL_SSL pass (server-only TLS) and the mutual-TLS pass. Tests
+//! named `tls_only_*` run in both, `client_cert_only_*` in the second; the
+//! whole suite runs through both as well.
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use integration::{broker_addr, connection, tls_settings, unique_topic, within};
+use retry_kafka::{ConnectionConfig, Error, GroupOffsets, Security, TlsSettings};
+
+/// The suite's connection with other TLS settings, on `bootstrap`.
+fn with_tls(bootstrap: &str, change: impl FnOnce(&mut TlsSettings)) -> ConnectionConfig {
+    let mut c = connection("kafka-retry-it");
+    let mut tls = tls_settings();
+    change(&mut tls);
+    c.bootstrap = vec![bootstrap.to_owned()];
+    c.security = Security::new(c.security.protocol(), c.security.sasl().cloned(), tls).expect("valid TLS settings");
+    c.request_timeout = Duration::from_secs(10);
+    c
+}
+
+/// Asks the cluster for committed offsets, the smallest round trip.
+async fn round_trip(config: ConnectionConfig) -> retry_kafka::Result<()> {
+    let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
+    within("committed offsets", offsets.committed(&[("t".to_owned(), 0)])).await.map(drop)
+}
+
+/// A CA nobody trusts, written to a fresh file.
+fn untrusted_ca() -> PathBuf {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.distinguished_name.push(rcgen::DnType::CommonName, "an untrusted CA");
+    let certificate = params.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap();
+    let path = std::env::temp_dir().join(format!("{}.pem", unique_topic("untrusted-ca")));
+    std::fs::write(&path, certificate.pem()).unwrap();
+    path
+}
+
+/// The first bootstrap broker by its IP address, which the test
+/// certificate does not hold (it names `localhost`).
+fn by_address() -> String {
+    let first = broker_addr().split(',').next().unwrap().to_owned();
+    let (host, port) = first.rsplit_once(':').unwrap();
+    assert_eq!(host, "localhost", "the TLS broker is reached by the name in its certificate");
+    format!("127.0.0.1:{port}")
+}
+
+#[track_caller]
+fn assert_tls_error(result: retry_kafka::Result<()>, addr: &str, expected: &str) {
+    let error = result.expect_err("the TLS handshake must fail");
+    assert!(matches!(error, Error::Tls { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(message.contains(addr) && message.contains(expected), "{message}");
+}
+
+#[tokio::test]
+async fn tls_only_a_broker_signed_by_an_untrusted_ca_is_refused() {
+    let addr = broker_addr().split(',').next().unwrap().to_owned();
+    let ca = untrusted_ca();
+    let config = with_tls(&addr, |t| t.ca_location = Some(ca.clone()));
+    assert_tls_error(round_trip(config).await, &addr, "not signed by a CA this client trusts");
+}
+
+#[tokio::test]
+async fn tls_only_a_host_name_the_certificate_lacks_is_refused_unless_verification_is_off() {
+    let addr = by_address();
+    assert_tls_error(round_trip(with_tls(&addr, |_| {})).await, &addr, "not valid for 127.0.0.1 (it names localhost)");
+    // Off, the chain is still checked...
+    let ca = untrusted_ca();
+    let untrusted = with_tls(&addr, |t| {
+        t.verify_hostname = false;
+        t.ca_location = Some(ca.clone());
+    });
+    assert_tls_error(round_trip(untrusted).await, &addr, "not signed by a CA");
+    // ...and a trusted certificate for another name is accepted.
+    round_trip(with_tls(&addr, |t| t.verify_hostname = false)).await.expect("verification off accepts the name");
+}
+
+#[tokio::test]
+async fn client_cert_only_a_client_without_a_certificate_is_refused() {
+    let addr = broker_addr().split(',').next().unwrap().to_owned();
+    let config = with_tls(&addr, |t| {
+        t.certificate_location = None;
+        t.key_location = None;
+    });
+    assert_tls_error(round_trip(config).await, &addr, "set ssl.certificate.location and ssl.key.location");
+}
+
+/// `billing-bin topics verify` with the suite's settings changed by `env`:
+/// (exit code, stderr, how long it took).
+async fn billing_bin(env: &[(&str, &str)], remove: &[&str]) -> (Option<i32>, String, Duration) {
+    let bin = std::env::var_os("BILLING_BIN").expect("BILLING_BIN is set by cargo xtask integration");
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["topics", "verify"])
+        .env_clear()
+        .env("KAFKA_BROKERS", broker_addr())
+        .env("BILLING_TOPIC", unique_topic("billing"))
+        .envs(integration::billing_security_env())
+        .env("RUST_LOG", "info");
+    for name in remove {
+        cmd.env_remove(name);
+    }
+    cmd.envs(env.iter().copied());
+    let started = Instant::now();
+    let out = within("billing-bin topics verify", cmd.output()).await.unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned(), started.elapsed())
+}
+
+#[tokio::test]
+async fn tls_only_billing_bin_names_each_tls_failure_and_exits_1() {
+    let ca = untrusted_ca();
+    let ca = ca.to_str().unwrap();
+    let addr = by_address();
+    let cases: [(&[(&str, &str)], &str); 2] = [
+        (&[("KAFKA_SSL_CA_LOCATION", ca)], "not signed by a CA this client trusts"),
+        (&[("KAFKA_BROKERS", &addr)], "not valid for 127.0.0.1"),
+    ];
+    for (env, expected) in cases {
+        let (code, stderr, took) = billing_bin(env, &[]).await;
+        assert_eq!(code, Some(1), "{env:?}: {stderr}");
+        assert!(stderr.contains("TLS with") && stderr.contains(expected), "{env:?}: {stderr}");
+        assert!(took < Duration::from_secs(15), "{env:?} took {took:?}");
+    }
+    // Verification off: a warning at start, then the service reaches the
+    // broker (and finds the topic missing, as it should).
+    let (code, stderr, _) =
+        billing_bin(&[("KAFKA_BROKERS", &addr), ("KAFKA_SSL_ENDPOINT_IDENTIFICATION", "none")], &[]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("WARN") && stderr.contains("KAFKA_SSL_ENDPOINT_IDENTIFICATION=none"), "{stderr}");
+    assert!(stderr.contains("is missing"), "{stderr}");
+}
+
+#[tokio::test]
+async fn client_cert_only_billing_bin_without_a_certificate_exits_1() {
+    let (code, stderr, took) = billing_bin(&[], &["KAFKA_SSL_CERTIFICATE_LOCATION", "KAFKA_SSL_KEY_LOCATION"]).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("refused this client's certificate"), "{stderr}");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+}
