@@ -134,10 +134,15 @@ impl Service {
 
     /// The value of one sample of `/metrics`, e.g. `kafka_retry_dlq_backlog{topic="t.dlq"}`.
     async fn metric(&self, sample: &str) -> Option<f64> {
+        let text = self.metrics().await?;
+        text.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    /// All of `/metrics`.
+    async fn metrics(&self) -> Option<String> {
         let url = format!("http://{}/metrics", self.admin);
         let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
-        let text = client.get(url).send().await.ok()?.text().await.ok()?;
-        text.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
+        client.get(url).send().await.ok()?.text().await.ok()
     }
 
     fn log(&self) -> String {
@@ -205,6 +210,28 @@ async fn transient_provider_failures_recover_and_charge_exactly_once() {
     assert!(dead_letters(&setup).await.is_empty());
     assert_eq!(read_partition(&format!("{}.retry-200ms", setup.topic), 0).await.len(), 1);
     assert_eq!(read_partition(&format!("{}.retry-400ms", setup.topic), 0).await.len(), 1);
+}
+
+/// Through a broker that requires SASL, the password is in none of what
+/// the service shows: its debug log and its metrics, after a charge.
+#[tokio::test]
+async fn sasl_only_the_password_never_reaches_logs_or_metrics() {
+    let password = std::env::var("KAFKA_RETRY_SASL_PASSWORD").expect("the SASL pass sets the password");
+    let setup = Setup::new("billing-secret");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let service = setup.start_with(&provider, &[("RUST_LOG", "debug")]).await;
+    let (order, json) = event(r#""9.99""#);
+    produce(&setup.topic, 0, &order.to_string(), &json, &[]).await;
+    eventually("the charge", SETTLE, || async { (!provider.charges_for(&order.to_string()).is_empty()).then_some(()) })
+        .await;
+    let metrics = service.metrics().await.expect("/metrics answers");
+    let log = service.log();
+    service.stop().await;
+    assert!(metrics.contains("kafka_retry_"), "{metrics}");
+    assert!(log.contains("DEBUG"), "the log is at debug level:\n{log}");
+    assert!(!metrics.contains(&password), "/metrics shows the SASL password");
+    assert!(!log.contains(&password), "the log shows the SASL password");
 }
 
 #[tokio::test]
@@ -665,11 +692,51 @@ async fn dead_partition(setup: &Setup) -> i32 {
 }
 
 /// The billing service against the three-broker mock cluster, under the
-/// faults of a production week; in a module of its own so it runs with the
-/// other fault tests, one at a time.
+/// faults of a production week, and behind TLS with its connections cut; in
+/// a module of its own so it runs with the other fault tests, one at a time.
 mod faults {
     use super::*;
     use crate::support::produce_batch;
+
+    /// Every connection through the TLS terminator is cut twice while the
+    /// service charges orders, as a broker does when sessions expire or it
+    /// restarts: the service reconnects, handshakes and authenticates again,
+    /// and every order is charged exactly once with nothing dead-lettered.
+    #[tokio::test]
+    async fn tls_only_every_order_is_charged_once_through_connections_cut_by_the_broker() {
+        let proxy = integration::TlsProxy::get();
+        let setup = Setup::new("billing-cut");
+        setup.create_topics().await;
+        let provider = FakeProvider::start(Faults::default()).await;
+        let charged = |n: usize| {
+            let provider = &provider;
+            async move { (provider.ledger().len() >= n).then_some(()) }
+        };
+        let mut orders = Vec::new();
+        produce_orders(&setup, 0, 300, &mut orders).await;
+        produce_orders(&setup, 1, 300, &mut orders).await;
+        let service = setup.start(&provider).await;
+        eventually("some charged", Duration::from_secs(60), || charged(100)).await;
+        proxy.cut_every_connection().await;
+        produce_orders(&setup, 0, 200, &mut orders).await;
+        eventually("more charged after the first cut", Duration::from_secs(60), || charged(700)).await;
+        proxy.cut_every_connection().await;
+        produce_orders(&setup, 1, 200, &mut orders).await;
+        eventually("every order charged", Duration::from_secs(90), || charged(orders.len())).await;
+        let log = service.log();
+        service.stop().await;
+
+        assert_eq!(orders.len(), 1000);
+        for order in &orders {
+            assert_eq!(provider.charges_for(order).len(), 1, "order {order}");
+        }
+        assert!(dead_letters(&setup).await.is_empty());
+        let requests = provider.requests();
+        eprintln!("1000 orders charged through two cuts of every connection ({requests:?})");
+        assert!(!log.contains("panicked"), "{log}");
+        let reconnects = log.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).count();
+        eprintln!("the service logged {reconnects} warnings or errors through the cuts");
+    }
 
     /// A replay while another runs is refused with 409. Here because the
     /// mock cluster slows every answer meanwhile, to make the race certain.

@@ -116,6 +116,80 @@ pub fn billing_security_env() -> Vec<(&'static str, String)> {
     vars
 }
 
+/// The TLS terminator (stunnel) in front of the test broker, named by
+/// `$KAFKA_RETRY_TLS_PROXY_CONFIG` when `cargo xtask integration` runs
+/// against a broker behind TLS.
+#[derive(Debug, Clone)]
+pub struct TlsProxy {
+    config: PathBuf,
+    pid_file: PathBuf,
+    accept: String,
+}
+
+impl TlsProxy {
+    /// The terminator, for tests that only make sense behind one (their
+    /// names contain `tls_only`); panics without one.
+    pub fn get() -> TlsProxy {
+        let config = PathBuf::from(
+            env("KAFKA_RETRY_TLS_PROXY_CONFIG")
+                .expect("KAFKA_RETRY_TLS_PROXY_CONFIG is set by cargo xtask integration for TLS brokers"),
+        );
+        let text = std::fs::read_to_string(&config).expect("the TLS proxy's configuration is readable");
+        let setting = |name: &str| {
+            text.lines()
+                .filter_map(|l| l.split_once('='))
+                .find(|(k, _)| k.trim() == name)
+                .map(|(_, v)| v.trim().to_owned())
+                .unwrap_or_else(|| panic!("the TLS proxy's configuration has no {name}"))
+        };
+        TlsProxy { pid_file: PathBuf::from(setting("pid")), accept: setting("accept"), config }
+    }
+
+    /// Cuts every connection through it, as a broker closing them would
+    /// (an expired session, a restart): stops it, and starts it again on the
+    /// same port once it is gone. Clients see their connections closed, and
+    /// refused until it accepts again.
+    pub async fn cut_every_connection(&self) {
+        let pid = std::fs::read_to_string(&self.pid_file).expect("the TLS proxy's pid file").trim().to_owned();
+        let killed = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+        assert!(killed.success(), "cannot stop the TLS proxy (pid {pid})");
+        // Gone, or a zombie its parent (xtask, or this test) has not reaped.
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|stat| stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z"))
+                .unwrap_or(true)
+        };
+        within("the TLS proxy stopping", async {
+            while !gone() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        let program = ["stunnel4", "stunnel"]
+            .into_iter()
+            .find(|p| Command::new(p).arg("-version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok())
+            .expect("stunnel is installed");
+        // Its own process group, as `cargo xtask broker` starts it, which
+        // stops it through the pid file.
+        std::os::unix::process::CommandExt::process_group(
+            Command::new(program).arg(&self.config).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()),
+            0,
+        )
+        .spawn()
+        .map(|mut child| {
+            // Reaped when `cargo xtask` stops it, should this test still run.
+            std::thread::spawn(move || child.wait());
+        })
+        .expect("the TLS proxy starts again");
+        within("the TLS proxy accepting again", async {
+            while tokio::net::TcpStream::connect(&self.accept).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
+}
+
 /// Which implementation of Kafka the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrokerKind {

@@ -321,7 +321,10 @@ impl Broker {
         }
         println!("KAFKA_BROKERS={}", self.addr);
         for (name, value) in &security {
-            if let Some(setting) = name.strip_prefix("KAFKA_RETRY_") {
+            let setting = name
+                .strip_prefix("KAFKA_RETRY_")
+                .filter(|s| ["SECURITY", "SASL", "SSL"].iter().any(|p| s.starts_with(p)));
+            if let Some(setting) = setting {
                 println!("KAFKA_{setting}={value}");
             }
         }
@@ -344,7 +347,8 @@ impl Broker {
             env.push((SASL_USERNAME_ENV, user.to_owned()));
             env.push((SASL_PASSWORD_ENV, password.to_owned()));
         }
-        if let (Some(auth), Some(files)) = (self.kind.tls(), self.tls_files()) {
+        if let (Some(auth), Some(files), Some(dir)) = (self.kind.tls(), self.tls_files(), &self.data_dir) {
+            env.push((crate::ci::TLS_PROXY_CONFIG_ENV, crate::tls::stunnel_config(dir).display().to_string()));
             env.push((SSL_CA_ENV, files.ca().display().to_string()));
             if auth == ClientAuth::Required {
                 env.push((SSL_CERTIFICATE_ENV, files.client_certificate().display().to_string()));
@@ -566,7 +570,10 @@ impl Broker {
     pub(crate) fn stop(&self) -> anyhow::Result<()> {
         match self.kind {
             Kind::Tansu | Kind::TansuSasl | Kind::TansuTls | Kind::TansuMtls | Kind::TansuSaslTls | Kind::Mock => {
-                if let Some(pid) = self.proxy_pid {
+                // The one started, and the one a test may have started in its
+                // place (its pid file says which).
+                let restarted = self.data_dir.as_deref().and_then(crate::tls::stunnel_pid);
+                for pid in self.proxy_pid.into_iter().chain(restarted) {
                     if process::is_alive(pid) && process::cmdline(pid).is_some_and(|c| c.contains("stunnel")) {
                         process::stop_group(pid, Duration::from_secs(10));
                     }

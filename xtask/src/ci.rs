@@ -38,9 +38,13 @@ pub(crate) const SSL_CERTIFICATE_ENV: &str = "KAFKA_RETRY_SSL_CERTIFICATE_LOCATI
 /// Its private key.
 pub(crate) const SSL_KEY_ENV: &str = "KAFKA_RETRY_SSL_KEY_LOCATION";
 
+/// The TLS terminator's (stunnel's) configuration, for tests that restart
+/// it to cut every connection, as a broker closing them would.
+pub(crate) const TLS_PROXY_CONFIG_ENV: &str = "KAFKA_RETRY_TLS_PROXY_CONFIG";
+
 /// Every security setting of the suite, so none leaks from the caller's
 /// environment into a pass against another broker.
-const SECURITY_ENVS: [&str; 7] = [
+const SECURITY_ENVS: [&str; 8] = [
     SECURITY_PROTOCOL_ENV,
     SASL_MECHANISM_ENV,
     SASL_USERNAME_ENV,
@@ -48,6 +52,7 @@ const SECURITY_ENVS: [&str; 7] = [
     SSL_CA_ENV,
     SSL_CERTIFICATE_ENV,
     SSL_KEY_ENV,
+    TLS_PROXY_CONFIG_ENV,
 ];
 
 /// Which brokers `cargo xtask integration` runs the suite against.
@@ -87,14 +92,15 @@ const SLOWEST: &str = "billing::a_kill_mid_stream_charges_every_event_exactly_on
 /// Tests whose name contains this need a broker that requires SASL.
 const SASL_ONLY: &str = "sasl_only";
 
-/// Tests whose name contains this need a broker behind TLS.
+/// Tests whose name contains this need a broker behind TLS (and its
+/// terminator named in [`TLS_PROXY_CONFIG_ENV`]).
 const TLS_ONLY: &str = "tls_only";
 
 /// Tests whose name contains this need a broker that requires client
 /// certificates (mutual TLS).
 const CLIENT_CERT_ONLY: &str = "client_cert_only";
 
-/// The module of the fault tests, which the mock cluster runs one at a time.
+/// The modules of the fault tests, which run after the rest, one at a time.
 const FAULTS: &str = "faults::";
 
 /// Tests whose name starts with this inject faults through the mock
@@ -190,92 +196,89 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
 pub(crate) const BILLING_BIN_ENV: &str = "BILLING_BIN";
 
 fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::Result<()> {
+    // The arguments already go after cargo's `--`; another one would turn
+    // the skips added below into filters.
+    let test_args: Vec<String> = test_args.iter().filter(|a| *a != "--").cloned().collect();
+    let test_args = test_args.as_slice();
     let python = crate::python::interop_python()?;
     let billing_bin = build_billing_bin()?;
-    let mut cmd = Command::new(cargo());
-    cmd.current_dir(workspace_root())
-        .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
-        .args(test_args)
-        .env(BROKERS_ENV, target.addr)
-        .env(BROKER_KIND_ENV, target.kind.name())
-        .env(BILLING_BIN_ENV, billing_bin)
-        .env(crate::python::PYTHON_ENV, python);
-    for name in SECURITY_ENVS {
-        cmd.env_remove(name);
-    }
-    // Tests for a security setup the broker lacks are left out by name.
-    let lacks = [
-        (SASL_ONLY, !target.kind.sasl()),
-        (TLS_ONLY, target.kind.tls().is_none()),
-        (CLIENT_CERT_ONLY, target.kind.tls() != Some(crate::tls::ClientAuth::Required)),
+    let mut envs: Vec<(String, String)> = vec![
+        (BROKERS_ENV.to_owned(), target.addr.to_owned()),
+        (BROKER_KIND_ENV.to_owned(), target.kind.name().to_owned()),
+        (BILLING_BIN_ENV.to_owned(), billing_bin.display().to_string()),
+        (crate::python::PYTHON_ENV.to_owned(), python.display().to_string()),
     ];
-    for (marker, lacking) in lacks {
+    envs.extend(target.security.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    if let Some(control) = target.control {
+        envs.push((MOCK_CONTROL_ENV.to_owned(), control.to_owned()));
+    }
+
+    // Tests for what the broker lacks are left out by name, and the run says why.
+    let mut skips: Vec<&str> = Vec::new();
+    let lacks = [
+        (MOCK_ONLY, target.control.is_none(), "they need the mock cluster's fault injection (they run on the mock)"),
+        (SASL_ONLY, !target.kind.sasl(), "the broker does not require SASL"),
+        (TLS_ONLY, target.kind.tls().is_none(), "the broker is not behind TLS"),
+        (
+            CLIENT_CERT_ONLY,
+            target.kind.tls() != Some(crate::tls::ClientAuth::Required),
+            "the broker does not require client certificates",
+        ),
+    ];
+    for (marker, lacking, why) in lacks {
         if lacking {
-            cmd.args(["--skip", marker]);
+            eprintln!("integration: on {}, tests named *{marker}* are left out: {why}", target.kind.name());
+            skips.push(marker);
+        }
+    }
+    if target.control.is_some() {
+        for (marker, why) in NOT_ON_MOCK {
+            eprintln!(
+                "integration: on the mock cluster, tests named *{marker}* are left out (they run on tansu): {why}"
+            );
+            skips.push(marker);
         }
     }
     if !target.security.is_empty() {
         // Every client of the suite uses these (ours, rskafka, billing-bin,
         // the interop client).
         eprintln!(
-            "integration: the suite through {} ({}); tests named *{MOCK_ONLY}* are left out (fault injection), \
-             and so is {SLOWEST} (crash recovery, the suite's slowest, has nothing to do with security and runs on \
-             the other brokers)",
+            "integration: the suite through {} ({}); {SLOWEST} is left out (crash recovery, the suite's slowest, \
+             has nothing to do with security and runs on the other brokers)",
             target.kind.security_protocol(),
             target.kind.name()
         );
-        cmd.envs(target.security.iter().map(|(k, v)| (k, v))).args(["--skip", MOCK_ONLY, "--skip", SLOWEST]);
-        return run(&mut cmd);
+        skips.push(SLOWEST);
     }
-    match target.control {
-        Some(control) => {
-            cmd.env(MOCK_CONTROL_ENV, control);
-            for (marker, why) in NOT_ON_MOCK {
-                eprintln!(
-                    "integration: on the mock cluster, tests named *{marker}* are left out (they run on tansu): {why}"
-                );
-                cmd.args(["--skip", marker]);
-            }
-            // Fault injection reaches every client of the cluster: the fault
-            // tests run afterwards, one at a time, so no other test sees
-            // their faults.
-            let filters: Vec<&String> = test_args.iter().filter(|a| !a.starts_with('-')).collect();
-            let main_pass = filters.is_empty() || filters.iter().any(|f| !f.contains(FAULTS));
-            let fault_pass = filters.is_empty() || filters.iter().any(|f| f.contains(FAULTS));
-            let envs: Vec<(std::ffi::OsString, std::ffi::OsString)> =
-                cmd.get_envs().filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))).collect();
-            if main_pass {
-                cmd.args(["--skip", FAULTS]);
-                run(&mut cmd)?;
-            }
-            if fault_pass {
-                let mut faults = Command::new(cargo());
-                faults
-                    .current_dir(workspace_root())
-                    .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
-                    .args(test_args)
-                    .args(NOT_ON_MOCK.iter().flat_map(|(marker, _)| ["--skip", marker]))
-                    .args([SASL_ONLY, TLS_ONLY, CLIENT_CERT_ONLY].iter().flat_map(|marker| ["--skip", marker]))
-                    .arg("--test-threads=1")
-                    .envs(envs);
-                if filters.is_empty() {
-                    faults.arg(FAULTS);
-                }
-                eprintln!("integration: the fault tests, one at a time");
-                run(&mut faults)?;
-            }
-            return Ok(());
+
+    // Faults (injected by the mock, or connections cut by the TLS
+    // terminator) reach every client of the broker: the fault tests run
+    // after the rest, one at a time, so no other test sees their faults.
+    let filters: Vec<&String> = test_args.iter().filter(|a| !a.starts_with('-')).collect();
+    let main_pass = filters.is_empty() || filters.iter().any(|f| !f.contains(FAULTS));
+    let fault_pass = filters.is_empty() || filters.iter().any(|f| f.contains(FAULTS));
+    let pass = |extra: &[&str]| {
+        let mut cmd = Command::new(cargo());
+        cmd.current_dir(workspace_root())
+            .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
+            .args(test_args)
+            .args(skips.iter().flat_map(|marker| ["--skip", marker]))
+            .args(extra);
+        for name in SECURITY_ENVS.iter().chain([&MOCK_CONTROL_ENV]) {
+            cmd.env_remove(name);
         }
-        None => {
-            eprintln!(
-                "integration: on {}, tests named *{MOCK_ONLY}* are left out: they need the mock cluster's \
-                 fault injection (they run on the mock)",
-                target.kind.name()
-            );
-            cmd.env_remove(MOCK_CONTROL_ENV).args(["--skip", MOCK_ONLY]);
-        }
+        cmd.envs(envs.iter().map(|(k, v)| (k, v)));
+        cmd
+    };
+    if main_pass {
+        run(&mut pass(&["--skip", FAULTS]))?;
     }
-    run(&mut cmd)
+    if fault_pass {
+        eprintln!("integration: the fault tests, one at a time");
+        let only_faults: &[&str] = if filters.is_empty() { &[FAULTS] } else { &[] };
+        run(&mut pass(&[only_faults, &["--test-threads=1"]].concat()))?;
+    }
+    Ok(())
 }
 
 /// Builds the service binary (debug) and returns its path.

@@ -116,20 +116,31 @@ pub(crate) fn spawn_stunnel(
     dir: &Path,
 ) -> anyhow::Result<std::process::Child> {
     let mut conf = format!(
-        "foreground = yes\npid =\ndebug = notice\n\n[kafka]\naccept = {accept}\nconnect = {connect}\ncert = {}\nkey = \
+        "foreground = yes\npid = {}\ndebug = notice\n\n[kafka]\naccept = {accept}\nconnect = {connect}\ncert = {}\nkey = \
          {}\nsocket = l:TCP_NODELAY=1\nsocket = r:TCP_NODELAY=1\n",
+        dir.join("stunnel.pid").display(),
         files.server_certificate().display(),
         files.server_key().display()
     );
     if client_auth == ClientAuth::Required {
         conf.push_str(&format!("CAfile = {}\nrequireCert = yes\nverifyChain = yes\n", files.ca().display()));
     }
-    let conf_path = dir.join("stunnel.conf");
+    let conf_path = stunnel_config(dir);
     write(&conf_path, &conf)?;
     let log = fs::OpenOptions::new().create(true).append(true).open(dir.join("stunnel.log"))?;
     let mut cmd = Command::new(stunnel()?);
     cmd.arg(&conf_path).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0);
     cmd.spawn().with_context(|| format!("cannot start {}", process::show(&cmd)))
+}
+
+/// The stunnel configuration of a broker whose data is in `dir`.
+pub(crate) fn stunnel_config(dir: &Path) -> PathBuf {
+    dir.join("stunnel.conf")
+}
+
+/// The pid stunnel wrote at start, if it runs for the broker in `dir`.
+pub(crate) fn stunnel_pid(dir: &Path) -> Option<u32> {
+    fs::read_to_string(dir.join("stunnel.pid")).ok()?.trim().parse().ok()
 }
 
 /// The stunnel binary: Debian's `stunnel4` package installs it as

@@ -7,7 +7,10 @@
 //! in flight per connection, so callers that must not wait on each other
 //! (heartbeats and commits) use connections of their own.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use kafka_protocol::{
@@ -111,6 +114,11 @@ pub(crate) struct Connection {
     /// (a cancelled future), its answer may still arrive, and the next
     /// request would read it as its own. Such a connection is not reused.
     in_flight: bool,
+    /// The SASL credentials, kept to authenticate again (KIP-368).
+    sasl: Option<SaslCredentials>,
+    /// When the broker's session limit (`connections.max.reauth.ms`) asks
+    /// for authenticating again before the next request.
+    reauthenticate_at: Option<Instant>,
 }
 
 impl Connection {
@@ -121,6 +129,7 @@ impl Connection {
     pub(crate) async fn connect(addr: &str, config: &ConnectionConfig) -> Result<Self> {
         let mut conn = Self::connect_unauthenticated(addr, config).await?;
         if let Some(credentials) = config.security.sasl() {
+            conn.sasl = Some(credentials.clone());
             conn.authenticate(credentials).await?;
         }
         Ok(conn)
@@ -161,6 +170,8 @@ impl Connection {
             timeout,
             versions: HashMap::new(),
             in_flight: false,
+            sasl: None,
+            reauthenticate_at: None,
         };
         let request = ApiVersionsRequest::default()
             .with_client_software_name(StrBytes::from_static_str("kafka-retry"))
@@ -198,7 +209,8 @@ impl Connection {
             username: credentials.username.clone(),
             reason,
         };
-        let (handshake, _) = self.send(&SaslHandshakeRequest::default().with_mechanism(str_bytes(mechanism))).await?;
+        let (handshake, _) =
+            self.request(&SaslHandshakeRequest::default().with_mechanism(str_bytes(mechanism)), self.timeout).await?;
         if handshake.error_code != 0 {
             let offered: Vec<String> = handshake.mechanisms.iter().map(|m| m.to_string()).collect();
             return Err(refused(
@@ -226,7 +238,7 @@ impl Connection {
             })?;
             if state.has_sent_message() {
                 let request = SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(to_send));
-                let (response, _) = self.send(&request).await?;
+                let (response, _) = self.request(&request, self.timeout).await?;
                 if response.error_code != 0 {
                     let message = response.error_message.map(|m| m.to_string()).unwrap_or_default();
                     let reason = match kafka_protocol::ResponseError::try_from_code(response.error_code) {
@@ -238,6 +250,8 @@ impl Connection {
                     return Err(refused(self, reason));
                 }
                 received = Some(response.auth_bytes.to_vec());
+                self.reauthenticate_at =
+                    reauthentication_delay(response.session_lifetime_ms).map(|delay| Instant::now() + delay);
             }
             if state.is_finished() {
                 return Ok(());
@@ -294,6 +308,19 @@ impl Connection {
         request: &R,
         timeout: Duration,
     ) -> Result<(R::Response, i16)> {
+        if self.reauthenticate_at.is_some_and(|at| Instant::now() >= at) {
+            self.reauthenticate_at = None;
+            if let Some(credentials) = self.sasl.clone() {
+                tracing::debug!(addr = %self.addr, "the SASL session nears its end; authenticating again (KIP-368)");
+                self.authenticate(&credentials).await?;
+            }
+        }
+        self.request(request, timeout).await
+    }
+
+    /// Sends `request` at the negotiated version, as it is: no
+    /// re-authentication first (authentication itself goes through here).
+    async fn request<R: Request>(&mut self, request: &R, timeout: Duration) -> Result<(R::Response, i16)> {
         let version = self.version_of::<R>()?;
         Ok((self.exchange(request, version, timeout).await?, version))
     }
@@ -377,6 +404,17 @@ impl Connection {
     fn protocol_error<R: Request>(&self, reason: String) -> Error {
         Error::Protocol { addr: self.addr.clone(), api: api_name::<R>(), reason }
     }
+}
+
+/// After how long a SASL session of `lifetime_ms` (the broker's
+/// `connections.max.reauth.ms`, 0 when it sets none) is renewed: at 85% of
+/// it, as Kafka's own clients do at the earliest, so the renewal is over
+/// before the broker would close the connection.
+fn reauthentication_delay(lifetime_ms: i64) -> Option<Duration> {
+    u64::try_from(lifetime_ms)
+        .ok()
+        .filter(|ms| *ms > 0)
+        .map(|ms| Duration::from_millis(ms / 100 * 85 + ms % 100 * 85 / 100))
 }
 
 /// A failed TLS handshake or TLS read, explained.
@@ -482,6 +520,19 @@ mod tests {
         check_fallback(&body(35, &[], &[]), Some(0));
         check_fallback(&35i16.to_be_bytes(), Some(0));
         check_fallback(&[0], None);
+    }
+
+    #[test]
+    fn sessions_are_renewed_before_the_broker_ends_them() {
+        for (lifetime_ms, expected) in [
+            (0, None),
+            (-1, None),
+            (100, Some(Duration::from_millis(85))),
+            (60_000, Some(Duration::from_millis(51_000))),
+            (i64::MAX, Some(Duration::from_millis(i64::MAX as u64 / 100 * 85 + 7 * 85 / 100))),
+        ] {
+            assert_eq!(reauthentication_delay(lifetime_ms), expected, "lifetime {lifetime_ms} ms");
+        }
     }
 
     /// The group requests stay below their first flexible version, so a

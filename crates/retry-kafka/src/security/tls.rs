@@ -123,7 +123,17 @@ impl Tls {
             (None, None) => builder.with_no_client_auth(),
             (Some(certificate), Some(key)) => {
                 let chain = certificates(certificate, TlsFile::Certificate)?;
-                let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error(TlsFile::Key, key, e))?;
+                let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                    let encrypted = std::fs::read_to_string(key).is_ok_and(|t| t.contains("ENCRYPTED"));
+                    let reason = if encrypted {
+                        "the key is encrypted, which is not supported: give it unencrypted (PKCS#8, e.g. `openssl \
+                         pkcs8 -topk8 -nocrypt`) in a file only this service can read"
+                            .to_owned()
+                    } else {
+                        e.to_string()
+                    };
+                    file_error(TlsFile::Key, key, reason)
+                })?;
                 builder.with_client_auth_cert(chain, key_der).map_err(|e| {
                     Error::Config(format!(
                         "the client certificate {} and key {} cannot be used together: {e}",
