@@ -70,3 +70,17 @@ async fn sasl_only_a_client_without_credentials_is_refused() {
     let result = within("committed offsets", offsets.committed(&[("t".to_owned(), 0)])).await;
     assert!(result.is_err(), "a broker that requires SASL answered a client without credentials");
 }
+
+/// A connection kept past 85% of the session the broker grants (tansu: 60
+/// s, Kafka: `connections.max.reauth.ms`) authenticates again before its
+/// next request (KIP-368), on the same connection or, where the broker
+/// refuses that, on a new one; either way the caller sees no error.
+#[tokio::test]
+async fn sasl_only_a_connection_that_outlives_its_session_authenticates_again() {
+    let mut offsets = GroupOffsets::new(connection("kafka-retry-it"), &unique_topic("group"));
+    let partitions = [("t".to_owned(), 0)];
+    within("committed offsets", offsets.committed(&partitions)).await.expect("the first request");
+    // Time passing is what this test is about.
+    tokio::time::sleep(Duration::from_secs(55)).await;
+    within("committed offsets", offsets.committed(&partitions)).await.expect("a request after the session's end");
+}

@@ -114,8 +114,8 @@ pub(crate) struct Connection {
     /// (a cancelled future), its answer may still arrive, and the next
     /// request would read it as its own. Such a connection is not reused.
     in_flight: bool,
-    /// The SASL credentials, kept to authenticate again (KIP-368).
-    sasl: Option<SaslCredentials>,
+    /// How it was made, to authenticate again (KIP-368) or connect anew.
+    config: ConnectionConfig,
     /// When the broker's session limit (`connections.max.reauth.ms`) asks
     /// for authenticating again before the next request.
     reauthenticate_at: Option<Instant>,
@@ -129,7 +129,6 @@ impl Connection {
     pub(crate) async fn connect(addr: &str, config: &ConnectionConfig) -> Result<Self> {
         let mut conn = Self::connect_unauthenticated(addr, config).await?;
         if let Some(credentials) = config.security.sasl() {
-            conn.sasl = Some(credentials.clone());
             conn.authenticate(credentials).await?;
         }
         Ok(conn)
@@ -170,7 +169,7 @@ impl Connection {
             timeout,
             versions: HashMap::new(),
             in_flight: false,
-            sasl: None,
+            config: config.clone(),
             reauthenticate_at: None,
         };
         let request = ApiVersionsRequest::default()
@@ -309,13 +308,30 @@ impl Connection {
         timeout: Duration,
     ) -> Result<(R::Response, i16)> {
         if self.reauthenticate_at.is_some_and(|at| Instant::now() >= at) {
-            self.reauthenticate_at = None;
-            if let Some(credentials) = self.sasl.clone() {
-                tracing::debug!(addr = %self.addr, "the SASL session nears its end; authenticating again (KIP-368)");
-                self.authenticate(&credentials).await?;
-            }
+            self.renew_session().await?;
         }
         self.request(request, timeout).await
+    }
+
+    /// Authenticates again before the session the broker granted ends
+    /// (KIP-368). A broker that refuses that on a live connection (tansu
+    /// grants sessions but answers a second handshake as an unknown
+    /// mechanism) gets a new connection, authenticated from the start.
+    async fn renew_session(&mut self) -> Result<()> {
+        self.reauthenticate_at = None;
+        let Some(credentials) = self.config.security.sasl().cloned() else {
+            return Ok(());
+        };
+        tracing::debug!(addr = %self.addr, "the SASL session nears its end; authenticating again (KIP-368)");
+        match self.authenticate(&credentials).await {
+            Err(e @ Error::Authentication { .. }) => {
+                tracing::debug!(addr = %self.addr, error = %e, "authenticating again was refused; connecting anew");
+                let (addr, config) = (self.addr.clone(), self.config.clone());
+                *self = Box::pin(Connection::connect(&addr, &config)).await?;
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     /// Sends `request` at the negotiated version, as it is: no
