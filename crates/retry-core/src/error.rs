@@ -27,6 +27,9 @@ pub enum Error {
         /// Which rule it breaks.
         reason: &'static str,
     },
+    /// An in-flight window was misconfigured or misused.
+    #[error("in-flight window: {0}")]
+    InvalidWindow(String),
     /// A backoff schedule was rejected.
     #[error("invalid backoff: {0}")]
     InvalidBackoff(String),

@@ -16,6 +16,8 @@
 //! - [`HandlerError`], [`FailureKind`], [`classify_http_status`]: what is worth retrying.
 //! - [`BackoffConfig`], [`Backoff`]: the pauses between attempts retried in
 //!   place (reconnecting, publishing again, rejoining), with injected jitter.
+//! - [`InFlightWindow`]: which records of a partition may be handled
+//!   concurrently (per-key order) and how far the partition may be committed.
 //! - [`RetryPolicy`]: the decision function, the due time of a retry record,
 //!   and the headers of a record that operators replay from the dead-letter topic.
 //!
@@ -57,6 +59,7 @@ mod replay;
 mod schedule;
 mod time;
 mod topic;
+mod window;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use decision::{Decision, PolicyConfig, RecordMeta, RetryPolicy, Stage};
@@ -67,3 +70,4 @@ pub use replay::{ReplayRefused, ReplayTarget};
 pub use schedule::{parse_duration, RetrySchedule, Rung, MAX_DELAY, MAX_RUNGS};
 pub use time::Timestamp;
 pub use topic::{RetryTopology, TopicName, MAX_TOPIC_NAME_BYTES};
+pub use window::{InFlightWindow, NullKeys, WindowConfig};

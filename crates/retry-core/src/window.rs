@@ -1,0 +1,220 @@
+//! The in-flight window of one partition: which fetched records may be
+//! handled now, and how far the partition may be committed.
+//!
+//! Up to `max_in_flight` records are in the window at once. Records with the
+//! same key are handled one after another in offset order; records with
+//! different keys concurrently. Records without a key are ordered among
+//! themselves, or not at all ([`NullKeys`]). The commit position is the
+//! lowest offset whose record is not done: nothing above an unfinished
+//! record is ever committed, so a crash redelivers at most the window.
+//!
+//! Pure bookkeeping: the caller fetches, starts handlers for what
+//! [`InFlightWindow::start_ready`] returns, and reports each record's end
+//! with [`InFlightWindow::finish`].
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use crate::{Error, Result};
+
+/// How records without a key are ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NullKeys {
+    /// One after another in offset order, as if they shared a key.
+    #[default]
+    Ordered,
+    /// Concurrently, in any order.
+    Unordered,
+}
+
+/// The window's settings; [`WindowConfig::new`] checks them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowConfig {
+    max_in_flight: usize,
+    null_keys: NullKeys,
+}
+
+impl WindowConfig {
+    /// The largest window accepted: more records than this in memory per
+    /// partition is a configuration mistake, not a throughput setting.
+    pub const MAX_IN_FLIGHT: usize = 10_000;
+
+    /// `max_in_flight` records at most (1 is the sequential consumer).
+    pub fn new(max_in_flight: usize, null_keys: NullKeys) -> Result<Self> {
+        if !(1..=Self::MAX_IN_FLIGHT).contains(&max_in_flight) {
+            return Err(Error::InvalidWindow(format!(
+                "max in flight is {max_in_flight}: expected 1 to {} (1 handles one record at a time)",
+                Self::MAX_IN_FLIGHT
+            )));
+        }
+        Ok(WindowConfig { max_in_flight, null_keys })
+    }
+
+    /// How many records may be in the window at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    /// How records without a key are ordered.
+    pub fn null_keys(&self) -> NullKeys {
+        self.null_keys
+    }
+}
+
+impl Default for WindowConfig {
+    /// 64 records, records without a key in order.
+    fn default() -> Self {
+        WindowConfig { max_in_flight: 64, null_keys: NullKeys::Ordered }
+    }
+}
+
+/// The ordering group of a record: its key, the shared null-key group, or
+/// none (unordered null keys).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Lane {
+    Key(Vec<u8>),
+    NullKey,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Waiting,
+    Running,
+    Done,
+}
+
+#[derive(Debug)]
+struct Entry {
+    lane: Option<Lane>,
+    state: State,
+}
+
+/// One partition's window (see the module documentation).
+#[derive(Debug)]
+pub struct InFlightWindow {
+    config: WindowConfig,
+    /// Records admitted and not yet passed by the commit position.
+    entries: BTreeMap<i64, Entry>,
+    /// Per lane, its waiting and running records in offset order; the
+    /// first one is the only one that may run.
+    lanes: HashMap<Lane, VecDeque<i64>>,
+    /// The next offset expected, and the commit position when the window is empty.
+    next_offset: i64,
+}
+
+impl InFlightWindow {
+    /// An empty window whose first record will be at `start` (the position
+    /// the partition resumes from).
+    pub fn new(config: WindowConfig, start: i64) -> Self {
+        InFlightWindow { config, entries: BTreeMap::new(), lanes: HashMap::new(), next_offset: start }
+    }
+
+    /// How many more records it takes now.
+    pub fn room(&self) -> usize {
+        self.config.max_in_flight - self.entries.len()
+    }
+
+    /// Whether no record is in it.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// How many records are in it (waiting, running or done above an unfinished one).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Takes the record at `offset` with `key`. Offsets must increase (gaps
+    /// are fine: compacted or transactional logs skip offsets); the window
+    /// must have room.
+    pub fn admit(&mut self, offset: i64, key: Option<&[u8]>) -> Result<()> {
+        if self.room() == 0 {
+            return Err(Error::InvalidWindow(format!("record at offset {offset} admitted to a full window")));
+        }
+        if offset < self.next_offset {
+            return Err(Error::InvalidWindow(format!(
+                "record at offset {offset} admitted after offset {} (offsets must increase)",
+                self.next_offset - 1
+            )));
+        }
+        let lane = match (key, self.config.null_keys) {
+            (Some(key), _) => Some(Lane::Key(key.to_vec())),
+            (None, NullKeys::Ordered) => Some(Lane::NullKey),
+            (None, NullKeys::Unordered) => None,
+        };
+        if let Some(lane) = &lane {
+            self.lanes.entry(lane.clone()).or_default().push_back(offset);
+        }
+        self.entries.insert(offset, Entry { lane, state: State::Waiting });
+        self.next_offset = offset + 1;
+        Ok(())
+    }
+
+    /// Notes that the log holds nothing to handle before `offset` (a fetch
+    /// ended past control records or compacted-away offsets), so once
+    /// everything admitted is done the partition may be committed there.
+    pub fn skip_to(&mut self, offset: i64) {
+        self.next_offset = self.next_offset.max(offset);
+    }
+
+    /// The records that may start now, lowest offset first, marked running:
+    /// those waiting with no earlier unfinished record of their key.
+    pub fn start_ready(&mut self) -> Vec<i64> {
+        let mut ready = Vec::new();
+        for (offset, entry) in self.entries.iter_mut() {
+            if entry.state != State::Waiting {
+                continue;
+            }
+            let first_of_lane = match &entry.lane {
+                None => true,
+                Some(lane) => self.lanes.get(lane).and_then(|q| q.front()) == Some(offset),
+            };
+            if first_of_lane {
+                entry.state = State::Running;
+                ready.push(*offset);
+            }
+        }
+        ready
+    }
+
+    /// Records that the record at `offset` is done (handled, or its
+    /// republication acknowledged); returns the commit position when it
+    /// moved. A record not running is an error: the caller lost track.
+    pub fn finish(&mut self, offset: i64) -> Result<Option<i64>> {
+        let before = self.commit_position();
+        let entry =
+            self.entries.get_mut(&offset).filter(|e| e.state == State::Running).ok_or_else(|| {
+                Error::InvalidWindow(format!("record at offset {offset} finished but it is not running"))
+            })?;
+        entry.state = State::Done;
+        if let Some(lane) = &entry.lane {
+            let queue = self.lanes.get_mut(lane).expect("a running record's lane exists");
+            debug_assert_eq!(queue.front(), Some(&offset), "only a lane's first record runs");
+            queue.pop_front();
+            if queue.is_empty() {
+                self.lanes.remove(lane);
+            }
+        }
+        while let Some(entry) = self.entries.first_entry() {
+            if entry.get().state != State::Done {
+                break;
+            }
+            entry.remove();
+        }
+        let after = self.commit_position();
+        Ok((after != before).then_some(after))
+    }
+
+    /// The offset to commit: the lowest record not done, or after the
+    /// last record admitted when all are done.
+    pub fn commit_position(&self) -> i64 {
+        self.entries.first_key_value().map_or(self.next_offset, |(offset, _)| *offset)
+    }
+
+    /// The records running now, for shutdown and revocation to wait for.
+    pub fn running(&self) -> impl Iterator<Item = i64> + '_ {
+        self.entries.iter().filter(|(_, e)| e.state == State::Running).map(|(o, _)| *o)
+    }
+}
+
+#[cfg(test)]
+mod tests;
