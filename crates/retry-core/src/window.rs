@@ -79,6 +79,9 @@ enum Lane {
 enum State {
     Waiting,
     Running,
+    /// Handled, its key free for the next record, but not done: its
+    /// republication awaits the broker's acknowledgement.
+    Released,
     Done,
 }
 
@@ -176,24 +179,35 @@ impl InFlightWindow {
         ready
     }
 
+    /// Records that the record at `offset` was handled but is not done yet
+    /// (it goes to a retry topic, which has not acknowledged it): the next
+    /// record of its key may start, the commit position stays below it.
+    /// A failed key does not hold up its later records: that is the point
+    /// of retrying through topics.
+    pub fn release(&mut self, offset: i64) -> Result<()> {
+        let entry =
+            self.entries.get_mut(&offset).filter(|e| e.state == State::Running).ok_or_else(|| {
+                Error::InvalidWindow(format!("record at offset {offset} released but it is not running"))
+            })?;
+        entry.state = State::Released;
+        free_lane(&mut self.lanes, entry, offset);
+        Ok(())
+    }
+
     /// Records that the record at `offset` is done (handled, or its
     /// republication acknowledged); returns the commit position when it
-    /// moved. A record not running is an error: the caller lost track.
+    /// moved. A record neither running nor released is an error: the
+    /// caller lost track.
     pub fn finish(&mut self, offset: i64) -> Result<Option<i64>> {
         let before = self.commit_position();
         let entry =
-            self.entries.get_mut(&offset).filter(|e| e.state == State::Running).ok_or_else(|| {
-                Error::InvalidWindow(format!("record at offset {offset} finished but it is not running"))
-            })?;
-        entry.state = State::Done;
-        if let Some(lane) = &entry.lane {
-            let queue = self.lanes.get_mut(lane).expect("a running record's lane exists");
-            debug_assert_eq!(queue.front(), Some(&offset), "only a lane's first record runs");
-            queue.pop_front();
-            if queue.is_empty() {
-                self.lanes.remove(lane);
-            }
+            self.entries.get_mut(&offset).filter(|e| matches!(e.state, State::Running | State::Released)).ok_or_else(
+                || Error::InvalidWindow(format!("record at offset {offset} finished but it is not running")),
+            )?;
+        if entry.state == State::Running {
+            free_lane(&mut self.lanes, entry, offset);
         }
+        entry.state = State::Done;
         while let Some(entry) = self.entries.first_entry() {
             if entry.get().state != State::Done {
                 break;
@@ -210,9 +224,21 @@ impl InFlightWindow {
         self.entries.first_key_value().map_or(self.next_offset, |(offset, _)| *offset)
     }
 
-    /// The records running now, for shutdown and revocation to wait for.
-    pub fn running(&self) -> impl Iterator<Item = i64> + '_ {
-        self.entries.iter().filter(|(_, e)| e.state == State::Running).map(|(o, _)| *o)
+    /// How many records are being handled now.
+    pub fn running(&self) -> usize {
+        self.entries.values().filter(|e| e.state == State::Running).count()
+    }
+}
+
+/// Lets the next record of `entry`'s lane start.
+fn free_lane(lanes: &mut HashMap<Lane, VecDeque<i64>>, entry: &Entry, offset: i64) {
+    if let Some(lane) = &entry.lane {
+        let queue = lanes.get_mut(lane).expect("a running record's lane exists");
+        debug_assert_eq!(queue.front(), Some(&offset), "only a lane's first record runs");
+        queue.pop_front();
+        if queue.is_empty() {
+            lanes.remove(lane);
+        }
     }
 }
 

@@ -13,6 +13,7 @@ fn window(max_in_flight: usize, null_keys: NullKeys, start: i64) -> InFlightWind
 #[derive(Debug, Clone, Copy)]
 enum Step {
     Start,
+    Release(i64),
     Finish(i64),
 }
 
@@ -26,6 +27,7 @@ fn check(null_keys: NullKeys, records: &[(i64, Option<&str>)], steps: &[Step], e
     for step in steps {
         lines.push(match step {
             Step::Start => format!("start {:?}", w.start_ready()),
+            Step::Release(o) => format!("release {o} -> {:?}", w.release(*o)),
             Step::Finish(o) => format!("finish {o} -> {:?}", w.finish(*o).unwrap()),
         });
     }
@@ -33,7 +35,7 @@ fn check(null_keys: NullKeys, records: &[(i64, Option<&str>)], steps: &[Step], e
     assert_eq!(lines.join("\n"), expected.trim());
 }
 
-use Step::{Finish, Start};
+use Step::{Finish, Release, Start};
 
 #[test]
 fn per_key_order_and_the_commit_position() {
@@ -61,6 +63,20 @@ commit at 14",
         "start [0, 2]\nfinish 0 -> Some(1)\nstart [1]\ncommit at 1",
     );
     check(NullKeys::Unordered, &nulls, &[Start], "start [0, 1, 2]\ncommit at 0");
+    // A record going to a retry topic frees its key at once; the position
+    // waits for the broker's acknowledgement.
+    check(
+        NullKeys::Ordered,
+        &[(0, Some("a")), (1, Some("a"))],
+        &[Start, Release(0), Start, Finish(1), Finish(0)],
+        "
+start [0]
+release 0 -> Ok(())
+start [1]
+finish 1 -> None
+finish 0 -> Some(2)
+commit at 2",
+    );
     // Gaps in offsets (compaction, transaction markers) are passed.
     check(
         NullKeys::Ordered,
@@ -126,6 +142,8 @@ proptest! {
         let mut next = 0; // next record to admit
         let mut running: BTreeSet<i64> = BTreeSet::new();
         let mut finished: BTreeSet<i64> = BTreeSet::new();
+        // Handled and going to a retry topic, awaiting the acknowledgement.
+        let mut released: Vec<i64> = Vec::new();
         let mut started_per_key: BTreeMap<Option<u8>, Vec<i64>> = BTreeMap::new();
         let key_of: BTreeMap<i64, Option<u8>> = offsets.iter().copied().zip(keys.iter().copied()).collect();
         let mut picks = picks.into_iter();
@@ -145,20 +163,37 @@ proptest! {
                     );
                     if let Some(previous) = started_per_key.get(&key).and_then(|v| v.last()) {
                         prop_assert!(*previous < o, "key {:?}: {} started after {}", key, o, previous);
-                        prop_assert!(finished.contains(previous));
+                        prop_assert!(finished.contains(previous) || released.contains(previous));
                     }
                 }
                 prop_assert!(running.insert(o), "{} started twice", o);
                 started_per_key.entry(key).or_default().push(o);
             }
-            prop_assert!(!running.is_empty(), "nothing runs while records wait: a stall");
+            if running.is_empty() {
+                let acked = released.pop();
+                prop_assert!(acked.is_some(), "nothing runs and nothing awaits an acknowledgement: a stall");
+                let acked = acked.unwrap();
+                finished.insert(acked);
+                w.finish(acked).unwrap();
+                continue;
+            }
             let chosen = match picks.next() {
                 Some(index) => *index.get(&running.iter().copied().collect::<Vec<_>>()),
                 None => *running.iter().next().unwrap(),
             };
             running.remove(&chosen);
-            finished.insert(chosen);
-            w.finish(chosen).unwrap();
+            if chosen % 3 == 0 {
+                w.release(chosen).unwrap();
+                released.push(chosen);
+            } else {
+                finished.insert(chosen);
+                w.finish(chosen).unwrap();
+            }
+            if released.len() > 2 {
+                let acked = released.remove(0);
+                finished.insert(acked);
+                w.finish(acked).unwrap();
+            }
             let position = w.commit_position();
             let lowest_unfinished = offsets.iter().copied().find(|o| !finished.contains(o));
             match lowest_unfinished {
