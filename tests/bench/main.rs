@@ -6,9 +6,13 @@
 //! - `raw-headers <topic> <partitions> <records>`: the same with the 11
 //!   headers a retried record carries;
 //! - `probe <topic> <partition> <max-bytes>`: one fetch, timed;
-//! - `pipeline <topic> <partitions> <records> <failure-percent>`: a listener
-//!   drains the source topic with a no-op handler that fails transiently for
-//!   the given share of records (on the source topic only).
+//! - `pipeline <topic> <partitions> <records> <failure-percent> [latency]
+//!   [max-in-flight]`: a listener drains the source topic with a handler
+//!   that takes `latency` (`0`, `50ms`, or a mix like `10-200ms`) and fails
+//!   transiently for the given share of records (on the source topic only),
+//!   `max-in-flight` records per partition at once (default 64; 1 is the
+//!   sequential consumer). Its rate is timed from the first handled record
+//!   (the group joins before it are reported apart, as `join_ms`).
 //!
 //! Each prints one line of `key=value` figures for xtask to tabulate.
 
@@ -47,7 +51,12 @@ async fn main() {
         // Records carrying as many headers as a retried record: what the
         // broker can take for republication.
         "raw-headers" => raw(&topic, partitions, records, retry_core::header_names::ALL.len()).await,
-        "pipeline" => pipeline(&topic, partitions, records, arg(4).parse().expect("failure percent")).await,
+        "pipeline" => {
+            let latency = Latency::parse(args.get(5).map_or("0", String::as_str));
+            let max_in_flight = args.get(6).map_or(64, |m| m.parse().expect("max in flight"));
+            pipeline(&topic, partitions, records, arg(4).parse().expect("failure percent"), latency, max_in_flight)
+                .await
+        }
         "probe" => probe(&topic, partitions, records as i32).await,
         other => panic!("unknown scenario {other}"),
     };
@@ -126,16 +135,51 @@ async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize) 
     format!("produce_per_s={:.0} fetch_per_s={:.0}", rate(total, produce), rate(total, fetch))
 }
 
-/// Succeeds, except for `failure_percent` of the source topic's records,
-/// which fail transiently (and go to the retry rung).
+/// How long the benchmark's handler takes per record.
+#[derive(Debug, Clone, Copy)]
+enum Latency {
+    /// Always this long.
+    Fixed(Duration),
+    /// Spread evenly (by a fixed sequence) between the two, in ms.
+    Mix(u64, u64),
+}
+
+impl Latency {
+    fn parse(s: &str) -> Latency {
+        if s == "0" {
+            return Latency::Fixed(Duration::ZERO);
+        }
+        match s.strip_suffix("ms").and_then(|r| r.split_once('-')) {
+            Some((low, high)) => Latency::Mix(low.parse().expect("latency low"), high.parse().expect("latency high")),
+            None => Latency::Fixed(retry_core::parse_duration(s).expect("a latency like 50ms")),
+        }
+    }
+
+    fn of(self, n: u64) -> Duration {
+        match self {
+            Latency::Fixed(d) => d,
+            Latency::Mix(low, high) => Duration::from_millis(low + (n * 7919) % (high - low + 1)),
+        }
+    }
+}
+
+/// Takes its latency, then succeeds, except for `failure_percent` of the
+/// source topic's records, which fail transiently (and go to the retry rung).
 struct Bench {
     failure_percent: u64,
+    latency: Latency,
     handled: AtomicU64,
+    first_handled: std::sync::OnceLock<Instant>,
 }
 
 impl RecordHandler for Bench {
     async fn handle(&self, record: ConsumedRecord) -> Result<(), HandlerError> {
+        self.first_handled.get_or_init(Instant::now);
         let n = self.handled.fetch_add(1, Relaxed);
+        let latency = self.latency.of(n);
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
         if record.attempt == 1 && (n * 7919) % 100 < self.failure_percent {
             return Err(HandlerError::transient("benchmark failure"));
         }
@@ -143,12 +187,25 @@ impl RecordHandler for Bench {
     }
 }
 
-async fn pipeline(topic: &str, partitions: i32, records: usize, failure_percent: u64) -> String {
+async fn pipeline(
+    topic: &str,
+    partitions: i32,
+    records: usize,
+    failure_percent: u64,
+    latency: Latency,
+    max_in_flight: usize,
+) -> String {
     let connection = connection();
     let group = format!("{topic}-bench-{failure_percent}");
     let policy = RetryPolicy::new(topology(topic), PolicyConfig::default());
-    let config = ListenerConfig::new(connection.clone(), &group, policy);
-    let handler = Arc::new(Bench { failure_percent, handled: AtomicU64::new(0) });
+    let mut config = ListenerConfig::new(connection.clone(), &group, policy);
+    config.window = retry_core::WindowConfig::new(max_in_flight, retry_core::NullKeys::Ordered).expect("window");
+    let handler = Arc::new(Bench {
+        failure_percent,
+        latency,
+        handled: AtomicU64::new(0),
+        first_handled: std::sync::OnceLock::new(),
+    });
     let started = Instant::now();
     let listener = Listener::start(config, handler.clone()).await.expect("listener");
     // Drained: the source group committed every record.
@@ -164,13 +221,16 @@ async fn pipeline(topic: &str, partitions: i32, records: usize, failure_percent:
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let elapsed = started.elapsed();
+    let first = *handler.first_handled.get().expect("records were handled");
+    let elapsed = first.elapsed();
+    let join = first.duration_since(started);
     let stats = listener.stats().snapshot();
     listener.shutdown().await;
     let total = per_partition as usize * partitions as usize;
     format!(
-        "drain_per_s={:.0} handled={} retried={} publish_failures={}",
+        "drain_per_s={:.0} join_ms={} handled={} retried={} publish_failures={}",
         rate(total, elapsed),
+        join.as_millis(),
         handler.handled.load(Relaxed),
         stats.retried,
         stats.publish_failures

@@ -100,6 +100,7 @@ async fn main() -> ExitCode {
         slow_pct: 5,
         slow: SLOW_ANSWER,
         seed,
+        latency: Duration::ZERO,
     };
     let provider = FakeProvider::start(faults.clone()).await;
     println!("seed {seed} (replay with `cargo xtask demo --seed {seed}`)");

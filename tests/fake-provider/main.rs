@@ -38,6 +38,9 @@ struct Args {
     /// How late a slow order's first request is answered (e.g. 3s, 2500ms).
     #[arg(long, default_value = "3s", value_parser = retry_core::parse_duration)]
     slow: Duration,
+    /// How long every answer takes at least (e.g. 50ms), as a real provider's does.
+    #[arg(long, default_value = "0s", value_parser = retry_core::parse_duration)]
+    latency: Duration,
     /// Seeds which order gets which fault.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -53,6 +56,7 @@ async fn main() -> std::process::ExitCode {
         slow_pct: args.slow_pct,
         slow: args.slow,
         seed: args.seed,
+        latency: args.latency,
     };
     if let Err(e) = faults.validate() {
         eprintln!("error: {e}");

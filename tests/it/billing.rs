@@ -340,7 +340,9 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
     let (code, _, stderr) = setup.run(&["topics", "verify"], &[]).await;
     assert_eq!(code, 1, "{stderr}");
 
-    let bad: [(&str, &str, &str); 6] = [
+    let bad: [(&str, &str, &str); 8] = [
+        ("BILLING_MAX_IN_FLIGHT", "0", "BILLING_MAX_IN_FLIGHT"),
+        ("BILLING_MAX_IN_FLIGHT", "many", "--max-in-flight"),
         ("RETRY_SCHEDULE", "5s,soon", "invalid retry schedule"),
         ("BILLING_PROVIDER_TIMEOUT", "0s", "--provider-timeout"),
         ("BILLING_PROVIDER_URL", "ftp://billing", "ftp"),
@@ -530,7 +532,10 @@ async fn operators_replay_and_acknowledge_dead_letters_through_the_guarded_api()
     provider.script(&declined.to_string(), Script::Reject);
     provider.script(&dropped.to_string(), Script::Reject);
     let service = setup.start_with(&provider, &[("ADMIN_TOKEN", TOKEN)]).await;
+    // One after the other: records of different keys are handled
+    // concurrently, and this test wants them in the dead-letter topic in order.
     produce(&setup.topic, 0, &declined.to_string(), &declined_json, &[]).await;
+    eventually("one dead letter", SETTLE, || async { (dead_letters(&setup).await.len() == 1).then_some(()) }).await;
     produce(&setup.topic, 0, &dropped.to_string(), &dropped_json, &[]).await;
     eventually("two dead letters", SETTLE, || async { (dead_letters(&setup).await.len() == 2).then_some(()) }).await;
 

@@ -12,3 +12,4 @@ mod sasl;
 mod support;
 mod tls;
 mod topics;
+mod window;

@@ -60,6 +60,9 @@ pub struct Faults {
     pub slow: Duration,
     /// Seeds the draw: the same seed gives every order the same fault.
     pub seed: u64,
+    /// How long every answer takes at least, as a real provider's does
+    /// (a slow order's first answer takes this plus [`Faults::slow`]).
+    pub latency: Duration,
 }
 
 impl Faults {
@@ -340,7 +343,10 @@ type Answer = (StatusCode, Json<serde_json::Value>);
 
 async fn charge(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Answer {
     let (answer, delay) = decide(&shared, &headers, &body);
-    let Some(delay) = delay else { return answer };
+    let delay = delay.unwrap_or_default() + shared.faults.latency;
+    if delay.is_zero() {
+        return answer;
+    }
     let mut shutdown = shared.shutdown.subscribe();
     tokio::select! {
         () = tokio::time::sleep(delay) => answer,
@@ -662,6 +668,7 @@ mod tests {
             slow_pct: 20,
             slow: Duration::from_millis(20),
             seed: 7,
+            latency: Duration::from_millis(5),
         };
         let provider = FakeProvider::start(faults.clone()).await;
         let client = Client::of(&provider);
@@ -693,6 +700,7 @@ mod tests {
             slow_pct: 5,
             slow: Duration::from_secs(3),
             seed: 42,
+            latency: Duration::ZERO,
         };
         let orders: Vec<String> = (0..10_000).map(|i| format!("order-{i}")).collect();
         let plan = |faults: &Faults| orders.iter().map(|o| faults.plan(o)).collect::<Vec<_>>();

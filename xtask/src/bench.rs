@@ -15,12 +15,16 @@ use crate::{
 /// How big the run is.
 #[derive(clap::Args)]
 pub(crate) struct BenchArgs {
-    /// Records in the source topic.
-    #[arg(long, default_value_t = 5_000)]
+    /// Records in the source topic of each scenario.
+    #[arg(long, default_value_t = 6_000)]
     records: usize,
     /// Partitions of every topic.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 3)]
     partitions: i32,
+    /// Records of the sequential baseline with a 50 ms handler (it drains
+    /// 20 records/s per partition, so fewer are enough).
+    #[arg(long, default_value_t = 600)]
+    sequential_records: usize,
 }
 
 pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
@@ -36,7 +40,7 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     ]))?;
     let binary = workspace_root().join("target/release/bench");
     with_broker(|addr| {
-        let topic = format!("bench-{}", std::process::id());
+        let run_id = std::process::id();
         let scenario = |extra: &[&str]| -> anyhow::Result<Figures> {
             let out = Command::new(&binary)
                 .args(extra)
@@ -48,22 +52,38 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             }
             Ok(Figures(String::from_utf8(out.stdout)?))
         };
-        let (p, n) = (args.partitions.to_string(), args.records.to_string());
+        let p = args.partitions.to_string();
+        // Every pipeline scenario drains topics of its own, filled just before.
+        let mut topics = 0;
+        let mut pipeline = |records: usize, failure: &str, latency: &str, window: &str| -> anyhow::Result<Figures> {
+            topics += 1;
+            let topic = format!("bench-{run_id}-{topics}");
+            let n = records.to_string();
+            eprintln!("scenario {topics}: {n} records, {failure}% failing, handler {latency}, window {window}");
+            scenario(&["raw", &topic, &p, &n])?;
+            scenario(&["pipeline", &topic, &p, &n, failure, latency, window])
+        };
+        let n = args.records.to_string();
         eprintln!("producing {n} records of 256 bytes over {p} partitions, then draining them...");
-        let raw = scenario(&["raw", &topic, &p, &n])?;
-        let noop = scenario(&["pipeline", &topic, &p, &n, "0"])?;
-        let some = scenario(&["pipeline", &topic, &p, &n, "10"])?;
-        let all = scenario(&["pipeline", &topic, &p, &n, "100"])?;
+        let raw = scenario(&["raw", &format!("bench-{run_id}-raw"), &p, &n])?;
+        let noop = pipeline(args.records, "0", "0", "64")?;
+        let some = pipeline(args.records, "10", "0", "64")?;
+        let all = pipeline(args.records, "100", "0", "64")?;
+        let sequential = pipeline(args.sequential_records, "0", "50ms", "1")?;
+        let windowed = pipeline(args.records, "0", "50ms", "64")?;
+        let windowed_failing = pipeline(args.records, "10", "50ms", "64")?;
+        let mix = pipeline(args.records, "0", "10-200ms", "64")?;
         // Last: records with headers slow the broker down for every later fetch.
-        let headers = scenario(&["raw-headers", &format!("{topic}-headers"), &p, &n])?;
+        let headers = scenario(&["raw-headers", &format!("bench-{run_id}-headers"), &p, &n])?;
 
         let fetch = raw.get("fetch_per_s")?;
         let noop_rate = noop.get("drain_per_s")?;
         println!();
-        println!("{:<44} {:>12} {:>16} {:>14}", "scenario", "records/s", "relative", "peak RSS (MiB)");
+        println!("{:<52} {:>10} {:>22} {:>9} {:>10}", "scenario", "records/s", "relative", "join (s)", "RSS (MiB)");
         let row = |name: &str, rate: f64, relative: String, f: &Figures| -> anyhow::Result<()> {
             let rss = f.get("peak_rss_kib")? / 1024.0;
-            println!("{name:<44} {rate:>12.0} {relative:>16} {rss:>14.1}");
+            let join = f.get("join_ms").map(|ms| format!("{:.1}", ms / 1000.0)).unwrap_or_default();
+            println!("{name:<52} {rate:>10.0} {relative:>22} {join:>9} {rss:>10.1}");
             Ok(())
         };
         row("rskafka produce, batches of 500 (ceiling)", raw.get("produce_per_s")?, String::new(), &raw)?;
@@ -85,8 +105,18 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             format!("{} of no-op", pct(all_rate, noop_rate)),
             &all,
         )?;
+        let sequential_rate = sequential.get("drain_per_s")?;
+        row("50 ms handler, one record at a time (baseline)", sequential_rate, "1x".into(), &sequential)?;
+        let times = |rate: f64| format!("{:.1}x the baseline", rate / sequential_rate);
+        let windowed_rate = windowed.get("drain_per_s")?;
+        row("50 ms handler, 64 in flight per partition", windowed_rate, times(windowed_rate), &windowed)?;
+        let failing_rate = windowed_failing.get("drain_per_s")?;
+        row("50 ms handler, 64 in flight, 10% transient", failing_rate, times(failing_rate), &windowed_failing)?;
+        let mix_rate = mix.get("drain_per_s")?;
+        row("10-200 ms handler, 64 in flight", mix_rate, times(mix_rate), &mix)?;
         println!();
-        println!("pipeline rates: from listener start until the source group committed every record;");
+        println!("pipeline rates: from the first handled record until the source group committed every record");
+        println!("(the group joins before it are the join column); each scenario drains fresh topics;");
         println!("failed records are republished (acks=all) to the retry rung before their offset is committed.");
         Ok(())
     })

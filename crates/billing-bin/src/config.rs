@@ -284,6 +284,10 @@ pub(crate) struct RunArgs {
     /// Enables the operators' API under /admin (off when unset); at least 16 characters.
     #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
     pub(crate) admin_token: Option<String>,
+    /// How many events of one partition are charged at once (events of one
+    /// key, one after another); 1 charges one event at a time.
+    #[arg(long, env = "BILLING_MAX_IN_FLIGHT", default_value_t = 64)]
+    pub(crate) max_in_flight: usize,
     /// How often the dead-letter backlog gauge is measured.
     #[arg(long, env = "DLQ_POLL_INTERVAL", default_value = "15s", value_parser = parse_duration)]
     pub(crate) dlq_poll_interval: Duration,
@@ -296,6 +300,11 @@ impl RunArgs {
             Some(t) if t.len() < 16 => Err(Failure::Config("ADMIN_TOKEN must be at least 16 characters".into())),
             Some(t) => Ok(Some(t.to_owned())),
         }
+    }
+
+    pub(crate) fn window(&self) -> Result<retry_core::WindowConfig, Failure> {
+        retry_core::WindowConfig::new(self.max_in_flight, retry_core::NullKeys::Ordered)
+            .map_err(|e| Failure::Config(format!("BILLING_MAX_IN_FLIGHT: {e}")))
     }
 
     pub(crate) fn provider(&self) -> Result<billing::ProviderConfig, Failure> {

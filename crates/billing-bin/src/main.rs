@@ -85,6 +85,7 @@ fn topology(kafka: &KafkaArgs) -> Result<RetryTopology, Failure> {
 
 async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let provider = args.provider()?;
+    let window = args.window()?;
     let connection = kafka.connection()?;
     let topology = topology(kafka)?;
     let handler = billing::ChargeHandler::new(provider).map_err(|e| Failure::Config(e.to_string()))?;
@@ -109,6 +110,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let mut config = retry_kafka::ListenerConfig::new(connection, &args.group_id, policy);
     config.handler_timeout = args.provider_timeout + args.provider_timeout / 2;
     config.dlq_poll_interval = args.dlq_poll_interval;
+    config.window = window;
     let groups = config.groups();
     let listener = Listener::start(config, Arc::new(handler)).await?;
     let mut registry = prometheus_client::registry::Registry::default();

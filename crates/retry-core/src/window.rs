@@ -155,8 +155,17 @@ impl InFlightWindow {
     /// Notes that the log holds nothing to handle before `offset` (a fetch
     /// ended past control records or compacted-away offsets), so once
     /// everything admitted is done the partition may be committed there.
-    pub fn skip_to(&mut self, offset: i64) {
+    /// Returns the commit position when it moved.
+    pub fn skip_to(&mut self, offset: i64) -> Option<i64> {
+        let before = self.commit_position();
         self.next_offset = self.next_offset.max(offset);
+        let after = self.commit_position();
+        (after != before).then_some(after)
+    }
+
+    /// Its settings.
+    pub fn config(&self) -> &WindowConfig {
+        &self.config
     }
 
     /// The records that may start now, lowest offset first, marked running:

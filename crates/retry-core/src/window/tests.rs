@@ -109,10 +109,10 @@ fn misuse_is_an_error_not_a_silent_skip() {
 fn an_empty_window_commits_past_skipped_offsets() {
     let mut w = window(4, NullKeys::Ordered, 100);
     assert_eq!(w.commit_position(), 100);
-    w.skip_to(104);
+    assert_eq!(w.skip_to(104), Some(104));
     assert_eq!(w.commit_position(), 104);
     w.admit(104, None).unwrap();
-    w.skip_to(110);
+    assert_eq!(w.skip_to(110), None);
     assert_eq!(w.commit_position(), 104, "the unfinished record holds the position");
     w.start_ready();
     assert_eq!(w.finish(104).unwrap(), Some(110));

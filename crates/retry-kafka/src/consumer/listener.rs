@@ -84,12 +84,18 @@ pub struct ListenerConfig {
     /// the count changed (partitions were added), it rejoins so the new
     /// partitions get assigned.
     pub partition_check_interval: Duration,
+    /// How many records of one partition are handled at once, and how
+    /// records without a key are ordered: records of one key are handled
+    /// one after another in offset order, records of different keys
+    /// concurrently, and the partition is committed only up to its lowest
+    /// unfinished record (see [`retry_core::InFlightWindow`]).
+    pub window: retry_core::WindowConfig,
 }
 
 impl ListenerConfig {
     /// A config with defaults: 10 s session, 3 s heartbeats, 30 s handler
     /// timeout, 10 s grace, commits every second or 100 records, 1 MiB fetches
-    /// (64 KiB on retry rungs).
+    /// (64 KiB on retry rungs), 64 records in flight per partition.
     pub fn new(connection: ConnectionConfig, group_id: &str, policy: RetryPolicy) -> Self {
         ListenerConfig {
             connection,
@@ -112,6 +118,7 @@ impl ListenerConfig {
             publish_stall_after: Duration::from_secs(60),
             dlq_poll_interval: Duration::from_secs(15),
             partition_check_interval: Duration::from_secs(30),
+            window: retry_core::WindowConfig::default(),
         }
     }
 

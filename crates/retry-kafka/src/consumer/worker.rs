@@ -1,9 +1,14 @@
 //! One assigned partition: fetch in order, wait until due (retry rungs),
 //! handle, execute the decision, report the finished offset.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use retry_core::{Decision, HandlerError, RecordMeta, Stage, Timestamp};
+use futures_util::{
+    stream::{FuturesUnordered, StreamExt},
+    FutureExt,
+};
+
+use retry_core::{Decision, HandlerError, InFlightWindow, RecordMeta, Stage, Timestamp};
 use rskafka::client::{
     error::{Error as ClientError, ProtocolError},
     partition::{OffsetAt, PartitionClient, UnknownTopicHandling},
@@ -45,9 +50,6 @@ pub(crate) struct Worker<H> {
 /// How long a partition reads through the fallback reader after rskafka
 /// failed one of its batches, before it tries rskafka again.
 const FALLBACK_STICKS: Duration = Duration::from_secs(60);
-
-/// The most republications a worker holds before sending them.
-const MAX_OUTBOX: usize = 500;
 
 /// Republications decided but not yet acknowledged.
 #[derive(Default)]
@@ -95,14 +97,84 @@ impl Drop for Stall {
     }
 }
 
+/// What became of one record.
 enum Processed {
+    /// Handled: nothing more to do.
     Done,
+    /// Handled: it goes to a retry or dead-letter topic, and is done once
+    /// the broker acknowledged that.
+    Republish {
+        /// The record to publish.
+        record: Outgoing,
+        /// Whether it goes to the dead-letter topic.
+        dead_letter: bool,
+    },
+    /// Not handled: the worker was stopped while the record waited for its
+    /// due time; the partition's next owner handles it.
+    Left,
+    /// Given up midway (the grace period ran out); redelivered to the
+    /// partition's next owner.
     Abandoned,
+}
+
+/// One record's handling: its offset and what became of it.
+type Handling<'a> = Pin<Box<dyn Future<Output = (i64, Processed)> + Send + 'a>>;
+
+/// A partition's records in handling, kept across fetches.
+struct InFlight<'a> {
+    window: InFlightWindow,
+    /// Admitted to the window, waiting behind an earlier record of their key.
+    admitted: HashMap<i64, Fetched>,
+    running: FuturesUnordered<Handling<'a>>,
+    outbox: Outbox,
+    /// Handled, in the outbox, awaiting the broker's acknowledgement.
+    unacknowledged: Vec<i64>,
+    /// A record was left or abandoned: the worker stops, nothing more starts.
+    ending: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(config: retry_core::WindowConfig) -> Self {
+        InFlight {
+            window: InFlightWindow::new(config, 0),
+            admitted: HashMap::new(),
+            running: FuturesUnordered::new(),
+            outbox: Outbox::default(),
+            unacknowledged: Vec::new(),
+            ending: false,
+        }
+    }
+
+    /// Starts the window over at `offset`; nothing may be in it.
+    fn restart_at(&mut self, offset: i64) {
+        debug_assert!(self.running.is_empty() && self.outbox.is_empty());
+        self.admitted.clear();
+        self.window = InFlightWindow::new(*self.window.config(), offset);
+    }
+
+    /// One record's end, and every other that has ended meanwhile, so their
+    /// republications go out in one request. Only called with records running.
+    async fn next_ended(&mut self) -> Vec<(i64, Processed)> {
+        let mut ended = vec![self.running.next().await.expect("records are running")];
+        while let Some(Some(more)) = self.running.next().now_or_never() {
+            ended.push(more);
+        }
+        ended
+    }
 }
 
 impl<H: RecordHandler> Worker<H> {
     /// Runs until stopped; `committed` is the group's committed offset.
+    /// Records still in handling when it stops finish (or are abandoned
+    /// after the grace period) before it returns.
     pub(crate) async fn run(self, committed: Option<i64>) {
+        let mut in_flight = InFlight::new(self.shared.config.window);
+        self.consume(&mut in_flight, committed).await;
+        self.drain(&mut in_flight).await;
+    }
+
+    /// Fetches and hands records to the in-flight window until stopped.
+    async fn consume<'a>(&'a self, in_flight: &mut InFlight<'a>, committed: Option<i64>) {
         let (topic, partition) = self.tp.clone();
         let Some(mut client) = self.connect().await else { return };
         let mut offset = match committed {
@@ -118,6 +190,7 @@ impl<H: RecordHandler> Worker<H> {
             }
         };
         tracing::info!(%topic, partition, offset, "partition assigned; consuming");
+        in_flight.restart_at(offset);
         let mut backoff = pauses(Duration::from_millis(100), Duration::from_secs(5));
         let mut warned_fallback = false;
         // Set while a batch that no decoder reads holds the partition.
@@ -138,7 +211,7 @@ impl<H: RecordHandler> Worker<H> {
                 let Some(result) = self.unless_stopped(fetch).await else { return };
                 match result {
                     Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
-                        if !self.take_decoded(decoded, &mut offset).await {
+                        if !self.take_decoded(in_flight, decoded, &mut offset).await {
                             return;
                         }
                     }
@@ -157,7 +230,9 @@ impl<H: RecordHandler> Worker<H> {
             // The broker may hold a fetch for its max wait, then answers.
             let fetch_deadline = self.shared.cluster.request_timeout() + self.shared.config.fetch_max_wait;
             let fetched_at = tokio::time::Instant::now();
-            let Some(result) = self.unless_stopped(tokio::time::timeout(fetch_deadline, fetch)).await else { return };
+            // Records in handling finish while the fetch waits.
+            let fetch = self.unless_stopped(tokio::time::timeout(fetch_deadline, fetch));
+            let Some(Some(result)) = self.drive(in_flight, fetch).await else { return };
             let outcome = match &result {
                 Err(_) => FetchOutcome::NoAnswer,
                 Ok(Ok((records, high_watermark))) => {
@@ -182,7 +257,16 @@ impl<H: RecordHandler> Worker<H> {
                     // whose high watermark still trails, or a follower, can
                     // answer either. Check before resetting.
                     match self.check_position(&mut client, offset, doubt).await {
-                        Some(new) => offset = new,
+                        Some(new) if new != offset => {
+                            // A new position: the records in handling end
+                            // first, and the window starts over there.
+                            if !self.drain(in_flight).await {
+                                return;
+                            }
+                            offset = new;
+                            in_flight.restart_at(offset);
+                        }
+                        Some(_) => {}
                         None => return,
                     }
                     if self.pause(backoff.next()).await {
@@ -194,7 +278,7 @@ impl<H: RecordHandler> Worker<H> {
                     undecodable = None;
                     if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2 {
                         idle = (idle * 2).min(self.shared.config.fetch_max_wait).max(Duration::from_millis(10));
-                        if self.pause(idle).await {
+                        if self.drive(in_flight, self.pause(idle)).await != Some(false) {
                             return;
                         }
                     }
@@ -204,7 +288,7 @@ impl<H: RecordHandler> Worker<H> {
                     undecodable = None;
                     idle = Duration::ZERO;
                     let records = records.into_iter().map(Fetched::from).collect();
-                    if !self.process_batch(records, &mut offset).await {
+                    if !self.admit(in_flight, records, &mut offset).await {
                         return;
                     }
                     self.shared.metrics.lag(&topic, partition, high_watermark - offset);
@@ -227,7 +311,7 @@ impl<H: RecordHandler> Worker<H> {
                             } else {
                                 tracing::debug!(%topic, partition, offset, records = decoded.records.len(), "decoded a batch rskafka could not");
                             }
-                            if !self.take_decoded(decoded, &mut offset).await {
+                            if !self.take_decoded(in_flight, decoded, &mut offset).await {
                                 return;
                             }
                         }
@@ -262,60 +346,154 @@ impl<H: RecordHandler> Worker<H> {
         }
     }
 
-    /// Handles what the fallback decoder read, and moves past the control
-    /// batches (transaction markers) after its records. False when the
-    /// worker must stop.
-    async fn take_decoded(&self, decoded: Decoded, offset: &mut i64) -> bool {
+    /// Hands what the fallback decoder read to the window, and moves past
+    /// the control batches (transaction markers) after its records. False
+    /// when the worker must stop.
+    async fn take_decoded<'a>(&'a self, in_flight: &mut InFlight<'a>, decoded: Decoded, offset: &mut i64) -> bool {
         bump(&self.shared.stats.fallback_fetches);
         let next = decoded.next_offset.unwrap_or(*offset);
-        if !decoded.records.is_empty() && !self.process_batch(decoded.records, offset).await {
+        if !decoded.records.is_empty() && !self.admit(in_flight, decoded.records, offset).await {
             return false;
         }
         if next > *offset {
             *offset = next;
-            self.tracker.done(&self.tp, next);
+            if let Some(position) = in_flight.window.skip_to(next) {
+                self.tracker.done(&self.tp, position);
+            }
         }
         true
     }
 
-    /// Handles a fetched batch in order. Its republications are sent
-    /// together, one request per target partition, and its offsets are
-    /// reported done only once they are all acknowledged. False when the
-    /// worker must stop.
-    async fn process_batch(&self, records: Vec<Fetched>, offset: &mut i64) -> bool {
-        let (topic, partition) = &self.tp;
-        let mut outbox = Outbox::default();
-        for r in records {
-            if r.offset < *offset {
+    /// Admits a fetched batch to the partition's in-flight window and
+    /// starts what it lets start: up to `max_in_flight` records at once, one
+    /// at a time per key, in offset order per key. Returns once the whole
+    /// batch is admitted and the window has room for more, so the next fetch
+    /// overlaps the records still in handling. False when the worker must
+    /// stop.
+    async fn admit<'a>(&'a self, in_flight: &mut InFlight<'a>, records: Vec<Fetched>, offset: &mut i64) -> bool {
+        for record in records {
+            if record.offset < *offset {
                 continue; // the batch began before our position
             }
-            if self.signals.stop.is_cancelled() {
-                break;
+            if !self.make_room(in_flight).await {
+                return false;
             }
-            let key = r.key.as_deref().map(|k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
+            in_flight.window.admit(record.offset, record.key.as_deref()).expect("fetched offsets increase");
+            *offset = record.offset + 1;
+            in_flight.admitted.insert(record.offset, record);
+            self.start_ready(in_flight);
+        }
+        self.make_room(in_flight).await
+    }
+
+    /// Handles the ends of records until the window has room. False when
+    /// the worker must stop.
+    async fn make_room<'a>(&'a self, in_flight: &mut InFlight<'a>) -> bool {
+        while in_flight.window.room() == 0 {
+            if self.signals.stop.is_cancelled() || in_flight.running.is_empty() {
+                return false;
+            }
+            let ended = in_flight.next_ended().await;
+            if !self.settle(in_flight, ended).await {
+                return false;
+            }
+        }
+        !self.signals.stop.is_cancelled()
+    }
+
+    /// Starts the records the window lets start, unless the worker stops.
+    fn start_ready<'a>(&'a self, in_flight: &mut InFlight<'a>) {
+        if self.signals.stop.is_cancelled() || in_flight.ending {
+            return;
+        }
+        let (topic, partition) = &self.tp;
+        for offset in in_flight.window.start_ready() {
+            let record = in_flight.admitted.remove(&offset).expect("a started record was admitted");
+            let key = record.key.as_deref().map(|k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
             let span = tracing::info_span!(
                 "record",
                 %topic,
                 partition,
-                offset = r.offset,
+                offset,
                 key = key.as_deref().unwrap_or(""),
                 attempt = self.attempt()
             );
-            let next = r.offset + 1;
-            match self.process(r, &mut outbox).instrument(span).await {
-                Processed::Done => {
-                    *offset = next;
-                    if outbox.is_empty() {
-                        self.tracker.done(&self.tp, next);
-                    }
-                }
-                Processed::Abandoned => return false,
+            in_flight.running.push(Box::pin(async move { (offset, self.process(record).await) }.instrument(span)));
+        }
+    }
+
+    /// Awaits `work` while handling the ends of records meanwhile (and
+    /// starting those they let start). `None` when a republication was
+    /// abandoned: the worker must stop.
+    async fn drive<'a, T>(
+        &'a self,
+        in_flight: &mut InFlight<'a>,
+        work: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let mut work = std::pin::pin!(work);
+        loop {
+            if in_flight.running.is_empty() {
+                return Some(work.await);
             }
-            if outbox.records.len() >= MAX_OUTBOX && !self.flush(&mut outbox, *offset).await {
+            let ended = tokio::select! {
+                output = &mut work => return Some(output),
+                ended = in_flight.next_ended() => ended,
+            };
+            if !self.settle(in_flight, ended).await {
+                return None;
+            }
+        }
+    }
+
+    /// Waits for every record in handling to end (records not started are
+    /// left to the partition's next owner when stopping) and publishes what
+    /// they decided. False when abandoned meanwhile.
+    async fn drain<'a>(&'a self, in_flight: &mut InFlight<'a>) -> bool {
+        while !in_flight.running.is_empty() {
+            let ended = in_flight.next_ended().await;
+            if !self.settle(in_flight, ended).await {
+                // The handlers still running see the abandon too and end at once.
+                while in_flight.running.next().await.is_some() {}
                 return false;
             }
         }
-        self.flush(&mut outbox, *offset).await && !self.signals.stop.is_cancelled()
+        true
+    }
+
+    /// Takes in the records that ended: done ones move the commit position,
+    /// decided ones go out in one publish and count as done once it is
+    /// acknowledged (their keys are free at once). False when abandoned.
+    async fn settle<'a>(&'a self, in_flight: &mut InFlight<'a>, ended: Vec<(i64, Processed)>) -> bool {
+        for (offset, processed) in ended {
+            match processed {
+                Processed::Done => self.advance(&mut in_flight.window, offset),
+                Processed::Republish { record, dead_letter } => {
+                    in_flight.window.release(offset).expect("a record ends once");
+                    in_flight.outbox.push(record, dead_letter);
+                    in_flight.unacknowledged.push(offset);
+                }
+                // Stopping: nothing more starts, the position stays below.
+                Processed::Left | Processed::Abandoned => in_flight.ending = true,
+            }
+        }
+        if !in_flight.outbox.is_empty() {
+            if !self.flush(&mut in_flight.outbox).await {
+                return false;
+            }
+            for offset in std::mem::take(&mut in_flight.unacknowledged) {
+                self.advance(&mut in_flight.window, offset);
+            }
+        }
+        self.start_ready(in_flight);
+        true
+    }
+
+    /// Marks the record at `offset` done and reports the partition's new
+    /// commit position, if it moved.
+    fn advance(&self, window: &mut InFlightWindow, offset: i64) {
+        if let Some(position) = window.finish(offset).expect("a record ends once") {
+            self.tracker.done(&self.tp, position);
+        }
     }
 
     /// How much one fetch may bring: less on retry rungs, which mostly wait.
@@ -421,7 +599,9 @@ impl<H: RecordHandler> Worker<H> {
         }
     }
 
-    async fn process(&self, record: Fetched, outbox: &mut Outbox) -> Processed {
+    /// Handles one record: waits until it is due (on retry rungs), runs the
+    /// handler, and says what to do with the outcome.
+    async fn process(&self, record: Fetched) -> Processed {
         let (topic, partition) = &self.tp;
         let shared = &self.shared;
         let policy = &shared.config.policy;
@@ -436,14 +616,8 @@ impl<H: RecordHandler> Worker<H> {
         // and leaves the record to the partition's next owner.
         let now = Timestamp::from(std::time::SystemTime::now());
         let due = policy.due_at(self.stage, &meta, now);
-        if due > now {
-            // Nothing already decided waits behind a due time.
-            if !self.flush(outbox, offset).await {
-                return Processed::Abandoned;
-            }
-            if self.pause(now.until(due)).await {
-                return Processed::Abandoned;
-            }
+        if due > now && self.pause(now.until(due)).await {
+            return Processed::Left;
         }
 
         let consumed = ConsumedRecord {
@@ -474,17 +648,15 @@ impl<H: RecordHandler> Worker<H> {
                 (target, headers, true)
             }
         };
-        outbox.push(
-            Outgoing { topic: target.to_string(), source_partition: *partition, key, value, headers, timestamp: now },
-            dead_letter,
-        );
-        Processed::Done
+        let record =
+            Outgoing { topic: target.to_string(), source_partition: *partition, key, value, headers, timestamp: now };
+        Processed::Republish { record, dead_letter }
     }
 
     /// Publishes what the outbox holds until the broker acknowledged all of
-    /// it (the partition waits meanwhile; heartbeats do not), then reports
-    /// every record before `next_offset` done. False when abandoned.
-    async fn flush(&self, outbox: &mut Outbox, next_offset: i64) -> bool {
+    /// it (the partition's other records wait meanwhile; heartbeats do
+    /// not). False when abandoned.
+    async fn flush(&self, outbox: &mut Outbox) -> bool {
         if outbox.is_empty() {
             return true;
         }
@@ -532,7 +704,6 @@ impl<H: RecordHandler> Worker<H> {
         self.metrics.record_done(Outcome::Retry, outbox.retries);
         self.metrics.record_done(Outcome::DeadLetter, outbox.dead_letters);
         *outbox = Outbox::default();
-        self.tracker.done(&self.tp, next_offset);
         true
     }
 
