@@ -54,6 +54,21 @@ struct Args {
     /// How long the events may take to be accounted for before the demo fails.
     #[arg(long, default_value = "180s", value_parser = retry_core::parse_duration)]
     timeout: Duration,
+    /// How long every provider answer takes at least (e.g. 50ms).
+    #[arg(long, default_value = "0s", value_parser = retry_core::parse_duration)]
+    latency: Duration,
+    /// Percent of orders the provider refuses transiently at first.
+    #[arg(long, default_value_t = 20)]
+    transient_pct: u8,
+    /// Percent of orders the provider declines.
+    #[arg(long, default_value_t = 5)]
+    permanent_pct: u8,
+    /// Percent of orders whose first answer comes after the service gave up.
+    #[arg(long, default_value_t = 5)]
+    slow_pct: u8,
+    /// billing-bin's BILLING_MAX_IN_FLIGHT (its default when not given).
+    #[arg(long)]
+    max_in_flight: Option<usize>,
 }
 
 /// Partitions of every topic of the ladder.
@@ -93,15 +108,19 @@ async fn main() -> ExitCode {
     let topology = RetryTopology::new(&source, &schedule).expect("the demo's topic names are valid");
 
     let faults = Faults {
-        transient_pct: 20,
+        transient_pct: args.transient_pct,
         // Up to as many failures as the ladder has attempts: some exhaust it.
         transient_max_failures: schedule.max_attempts(),
-        permanent_pct: 5,
-        slow_pct: 5,
+        permanent_pct: args.permanent_pct,
+        slow_pct: args.slow_pct,
         slow: SLOW_ANSWER,
         seed,
-        latency: Duration::ZERO,
+        latency: args.latency,
     };
+    if let Err(e) = faults.validate() {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let provider = FakeProvider::start(faults.clone()).await;
     println!("seed {seed} (replay with `cargo xtask demo --seed {seed}`)");
     println!("fake billing provider at {}: {faults:?}", provider.url());
@@ -115,6 +134,10 @@ async fn main() -> ExitCode {
         ("BILLING_PROVIDER_TIMEOUT", PROVIDER_TIMEOUT.into()),
         ("ADMIN_LISTEN", "127.0.0.1:0".into()),
     ];
+    let mut env = env;
+    if let Some(max_in_flight) = args.max_in_flight {
+        env.push(("BILLING_MAX_IN_FLIGHT", max_in_flight.to_string()));
+    }
     let mut create = Command::new(&billing_bin);
     create.args(["topics", "create", "--partitions", &PARTITIONS.to_string()]).envs(env.iter().cloned());
     if let Err(e) = run_to_completion(&mut create, COMMAND_TIMEOUT) {
@@ -136,11 +159,19 @@ async fn main() -> ExitCode {
     let mut problems = Vec::new();
     let started = Instant::now();
     let mut accounted_since = None;
+    let mut first_charge: Option<Instant> = None;
+    let mut all_accounted: Option<Instant> = None;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let progress = ladder.progress().await;
         let ledger = provider.ledger();
         let accounted = events.iter().filter(|e| e.accounted(&ledger, &ladder.dead_letters)).count();
+        if !ledger.is_empty() {
+            first_charge.get_or_insert_with(Instant::now);
+        }
+        if accounted == events.len() {
+            all_accounted.get_or_insert_with(Instant::now);
+        }
         println!(
             "[{:>4}s] accounted {accounted}/{} | charged {} | {} | provider {}",
             started.elapsed().as_secs(),
@@ -173,6 +204,19 @@ async fn main() -> ExitCode {
         }
     }
 
+    if let (Some(first), Some(last)) = (first_charge, all_accounted) {
+        // Polled every second: a rough figure, for runs of some length.
+        let took = last.duration_since(first).max(Duration::from_secs(1));
+        println!(
+            "throughput: {} events accounted for in about {:.0} s from the first charge: about {:.0} events/s \
+             (provider latency {:?}, max in flight {})",
+            events.len(),
+            took.as_secs_f64(),
+            events.len() as f64 / took.as_secs_f64(),
+            args.latency,
+            args.max_in_flight.map_or("billing-bin's default".to_owned(), |m| m.to_string())
+        );
+    }
     match service.stop().await {
         Ok(status) if status.success() => println!("billing-bin stopped on SIGTERM ({status})"),
         Ok(status) => problems.push(format!("billing-bin did not exit cleanly on SIGTERM ({status})")),

@@ -290,6 +290,19 @@ pub(crate) async fn committed(
     got.into_iter().map(|((_, p), o)| (p, o)).collect()
 }
 
+/// Produces a fence record to partition `partition` of the source and waits
+/// until the source group committed past it: every record before it was
+/// then handled to the end (the commit position never passes an
+/// unfinished record), whatever their keys, which are handled concurrently.
+pub(crate) async fn fence(ladder: &Ladder, partition: i32, partitions: i32) {
+    let offset = produce(ladder.source(), partition, "fence", "{}", &[]).await;
+    eventually("the source committed past the fence", SETTLE, || async {
+        let committed = committed(&ladder.connection, &ladder.group_id, ladder.source(), partitions).await;
+        (committed[&partition] > Some(offset)).then_some(())
+    })
+    .await;
+}
+
 /// Starts a listener on `ladder` and waits until it joined every group of
 /// the ladder (one assignment each), so what a test produces next is
 /// consumed under a settled membership.

@@ -24,6 +24,10 @@ pub(crate) struct DemoArgs {
     /// Replays a run: the same events and the same provider faults.
     #[arg(long)]
     seed: Option<u64>,
+    /// More flags for the demo (`--latency 50ms`, `--transient-pct 10`,
+    /// `--permanent-pct 0`, `--slow-pct 0`, `--max-in-flight 1`, `--timeout 600s`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    extra: Vec<String>,
 }
 
 pub(crate) fn demo(args: &DemoArgs) -> anyhow::Result<()> {
@@ -37,6 +41,7 @@ pub(crate) fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         if let Some(seed) = args.seed {
             demo.args(["--seed", &seed.to_string()]);
         }
+        demo.args(&args.extra);
         run(demo.env(BROKERS_ENV, addr).env(BILLING_BIN_ENV, target.join("billing-bin")))
     })
 }

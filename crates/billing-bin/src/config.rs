@@ -311,7 +311,13 @@ impl RunArgs {
         let url = self.provider_url.as_deref().filter(|u| !u.trim().is_empty()).ok_or_else(|| {
             Failure::Config("BILLING_PROVIDER_URL (or --provider-url) is required, e.g. http://127.0.0.1:9000".into())
         })?;
-        Ok(billing::ProviderConfig { base_url: url.to_owned(), timeout: self.provider_timeout })
+        Ok(billing::ProviderConfig {
+            base_url: url.to_owned(),
+            timeout: self.provider_timeout,
+            // Each partition charges up to max_in_flight at once; a few
+            // partitions per instance is the common case.
+            idle_connections: self.max_in_flight.saturating_mul(4),
+        })
     }
 }
 

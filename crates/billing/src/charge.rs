@@ -23,6 +23,10 @@ pub struct ProviderConfig {
     /// How long one charge may take, from connecting to reading the answer;
     /// a charge that takes longer is a transient failure.
     pub timeout: Duration,
+    /// How many idle connections to the provider are kept for reuse: as
+    /// many as charges run at once (the listener's in-flight records), so a
+    /// busy service does not open a connection per charge.
+    pub idle_connections: usize,
 }
 
 /// What a confirmed charge turned out to be.
@@ -69,6 +73,7 @@ impl ChargeHandler {
         }
         let client = reqwest::Client::builder()
             .timeout(config.timeout)
+            .pool_max_idle_per_host(config.idle_connections)
             // A redirected charge would go somewhere nobody configured.
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("billing/", env!("CARGO_PKG_VERSION")))

@@ -25,6 +25,7 @@
 //! let handler = ChargeHandler::new(ProviderConfig {
 //!     base_url: "https://billing.example.com/v1".to_owned(), // charges go to .../v1/charges
 //!     timeout: Duration::from_secs(10),
+//!     idle_connections: 64, // charges at once
 //! })?;
 //! // Hand `handler` to `retry_kafka::Listener::start`.
 //! # Ok(())

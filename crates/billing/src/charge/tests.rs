@@ -96,7 +96,12 @@ impl FakeProvider {
     }
 
     fn handler(&self, base_path: &str, timeout: Duration) -> ChargeHandler {
-        ChargeHandler::new(ProviderConfig { base_url: format!("{}{base_path}", self.base_url), timeout }).unwrap()
+        ChargeHandler::new(ProviderConfig {
+            base_url: format!("{}{base_path}", self.base_url),
+            timeout,
+            idle_connections: 8,
+        })
+        .unwrap()
     }
 
     /// The one request the provider got, which it reported before answering.
@@ -200,9 +205,12 @@ async fn a_provider_slower_than_the_timeout_is_a_transient_failure() {
 async fn an_unreachable_provider_is_a_transient_failure() {
     // A port that was just free; nothing listens on it any more.
     let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let handler =
-        ChargeHandler::new(ProviderConfig { base_url: format!("http://{address}"), timeout: Duration::from_secs(10) })
-            .unwrap();
+    let handler = ChargeHandler::new(ProviderConfig {
+        base_url: format!("http://{address}"),
+        timeout: Duration::from_secs(10),
+        idle_connections: 8,
+    })
+    .unwrap();
 
     let error = bounded(handler.handle(record(Some(event_json("120.50").as_bytes())))).await.unwrap_err();
 
@@ -293,7 +301,7 @@ fn provider_configs() {
         ),
     ];
     for &(base_url, expected) in table {
-        let actual = ChargeHandler::new(ProviderConfig { base_url: base_url.to_owned(), timeout });
+        let actual = ChargeHandler::new(ProviderConfig { base_url: base_url.to_owned(), timeout, idle_connections: 8 });
         match (actual, expected) {
             (Ok(handler), Ok(url)) => assert_eq!(handler.charges_url(), url, "{base_url}"),
             (Err(error), Err(message)) => assert_eq!(error.to_string(), message, "{base_url}"),
@@ -301,6 +309,10 @@ fn provider_configs() {
         }
     }
 
-    let zero = ChargeHandler::new(ProviderConfig { base_url: "http://127.0.0.1".to_owned(), timeout: Duration::ZERO });
+    let zero = ChargeHandler::new(ProviderConfig {
+        base_url: "http://127.0.0.1".to_owned(),
+        timeout: Duration::ZERO,
+        idle_connections: 8,
+    });
     assert!(matches!(zero, Err(Error::ZeroTimeout)), "{zero:?}");
 }
