@@ -194,7 +194,7 @@ impl Kind {
 }
 
 /// A broker that `up` started, as recorded in the state file.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Broker {
     pub(crate) kind: Kind,
     /// `host:port[,host:port...]` for clients.

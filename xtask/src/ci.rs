@@ -180,6 +180,7 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
         tansu => Broker::start_tansu_kind(tansu, None)?,
     };
     eprintln!("started {} at {}", broker.describe(), broker.addr);
+    crate::interrupt::started(&broker);
     let result = work(&Target {
         kind: broker.kind,
         addr: &broker.addr,
@@ -187,6 +188,7 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
         security: broker.security_env(),
     });
     let stopped = broker.stop();
+    crate::interrupt::stopped(&broker);
     result?;
     stopped.context("the work succeeded, but the broker did not stop")
 }

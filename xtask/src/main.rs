@@ -10,6 +10,7 @@ mod bench;
 mod broker;
 mod ci;
 mod demo;
+mod interrupt;
 mod paths;
 mod process;
 mod python;
@@ -54,7 +55,11 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    if let Err(e) = interrupt::install() {
+        eprintln!("warning: cannot watch for interruptions ({e:#}); an interrupted run may leave a broker running");
+    }
+    let result = match cli.command {
         Command::Broker { action } => broker::run(action),
         Command::Integration { broker, test_args } => ci::integration(broker, &test_args),
         Command::Bench(args) => bench::bench(&args),
