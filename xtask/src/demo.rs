@@ -24,10 +24,24 @@ pub(crate) struct DemoArgs {
     /// Replays a run: the same events and the same provider faults.
     #[arg(long)]
     seed: Option<u64>,
-    /// More flags for the demo (`--latency 50ms`, `--transient-pct 10`,
-    /// `--permanent-pct 0`, `--slow-pct 0`, `--max-in-flight 1`, `--timeout 600s`).
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-    extra: Vec<String>,
+    /// How long every provider answer takes at least (e.g. 50ms).
+    #[arg(long, default_value = "0s")]
+    latency: String,
+    /// Percent of orders the provider refuses transiently at first.
+    #[arg(long, default_value_t = 20)]
+    transient_pct: u8,
+    /// Percent of orders the provider declines.
+    #[arg(long, default_value_t = 5)]
+    permanent_pct: u8,
+    /// Percent of orders whose first answer comes after the service gave up.
+    #[arg(long, default_value_t = 5)]
+    slow_pct: u8,
+    /// billing-bin's BILLING_MAX_IN_FLIGHT (its default when not given).
+    #[arg(long)]
+    max_in_flight: Option<usize>,
+    /// How long the events may take to be accounted for.
+    #[arg(long, default_value = "180s")]
+    timeout: String,
 }
 
 pub(crate) fn demo(args: &DemoArgs) -> anyhow::Result<()> {
@@ -41,7 +55,13 @@ pub(crate) fn demo(args: &DemoArgs) -> anyhow::Result<()> {
         if let Some(seed) = args.seed {
             demo.args(["--seed", &seed.to_string()]);
         }
-        demo.args(&args.extra);
+        demo.args(["--latency", &args.latency, "--timeout", &args.timeout])
+            .args(["--transient-pct", &args.transient_pct.to_string()])
+            .args(["--permanent-pct", &args.permanent_pct.to_string()])
+            .args(["--slow-pct", &args.slow_pct.to_string()]);
+        if let Some(max_in_flight) = args.max_in_flight {
+            demo.args(["--max-in-flight", &max_in_flight.to_string()]);
+        }
         run(demo.env(BROKERS_ENV, addr).env(BILLING_BIN_ENV, target.join("billing-bin")))
     })
 }

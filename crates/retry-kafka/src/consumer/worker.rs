@@ -120,15 +120,31 @@ enum Processed {
 /// One record's handling: its offset and what became of it.
 type Handling<'a> = Pin<Box<dyn Future<Output = (i64, Processed)> + Send + 'a>>;
 
+/// One publish of republications: the offsets it covers, and whether it
+/// went through (false: abandoned).
+type Publishing<'a> = Pin<Box<dyn Future<Output = (Vec<i64>, bool)> + Send + 'a>>;
+
+/// What happened in the window.
+enum Event {
+    /// Records ended (one, and every other that had ended meanwhile).
+    Ended(Vec<(i64, Processed)>),
+    /// A publish was acknowledged (or abandoned) for these offsets.
+    Published(Vec<i64>, bool),
+}
+
 /// A partition's records in handling, kept across fetches.
 struct InFlight<'a> {
     window: InFlightWindow,
     /// Admitted to the window, waiting behind an earlier record of their key.
     admitted: HashMap<i64, Fetched>,
     running: FuturesUnordered<Handling<'a>>,
+    /// Republications decided while another publish is under way: they go
+    /// out together once it is acknowledged.
     outbox: Outbox,
-    /// Handled, in the outbox, awaiting the broker's acknowledgement.
+    /// The offsets of the outbox's records.
     unacknowledged: Vec<i64>,
+    /// The publish under way, beside the handlers (they go on meanwhile).
+    publishing: Option<Publishing<'a>>,
     /// A record was left or abandoned: the worker stops, nothing more starts.
     ending: bool,
 }
@@ -141,25 +157,49 @@ impl<'a> InFlight<'a> {
             running: FuturesUnordered::new(),
             outbox: Outbox::default(),
             unacknowledged: Vec::new(),
+            publishing: None,
             ending: false,
         }
     }
 
+    /// Whether records are in handling or republications in flight.
+    fn busy(&self) -> bool {
+        !self.running.is_empty() || self.publishing.is_some()
+    }
+
     /// Starts the window over at `offset`; nothing may be in it.
     fn restart_at(&mut self, offset: i64) {
-        debug_assert!(self.running.is_empty() && self.outbox.is_empty());
+        debug_assert!(!self.busy() && self.outbox.is_empty());
         self.admitted.clear();
         self.window = InFlightWindow::new(*self.window.config(), offset);
     }
 
-    /// One record's end, and every other that has ended meanwhile, so their
-    /// republications go out in one request. Only called with records running.
-    async fn next_ended(&mut self) -> Vec<(i64, Processed)> {
-        let mut ended = vec![self.running.next().await.expect("records are running")];
-        while let Some(Some(more)) = self.running.next().now_or_never() {
-            ended.push(more);
+    /// The next thing to happen: records ending, or the publish under way
+    /// ending. Only called when [`busy`](Self::busy).
+    async fn next_event(&mut self) -> Event {
+        let ended = async {
+            if self.running.is_empty() {
+                return std::future::pending().await;
+            }
+            let mut ended = vec![self.running.next().await.expect("records are running")];
+            while let Some(Some(more)) = self.running.next().now_or_never() {
+                ended.push(more);
+            }
+            ended
+        };
+        let published = async {
+            match self.publishing.as_mut() {
+                Some(publishing) => publishing.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ended = ended => Event::Ended(ended),
+            (offsets, ok) = published => {
+                self.publishing = None;
+                Event::Published(offsets, ok)
+            }
         }
-        ended
     }
 }
 
@@ -390,11 +430,11 @@ impl<H: RecordHandler> Worker<H> {
     /// the worker must stop.
     async fn make_room<'a>(&'a self, in_flight: &mut InFlight<'a>) -> bool {
         while in_flight.window.room() == 0 {
-            if self.signals.stop.is_cancelled() || in_flight.running.is_empty() {
+            if self.signals.stop.is_cancelled() || !in_flight.busy() {
                 return false;
             }
-            let ended = in_flight.next_ended().await;
-            if !self.settle(in_flight, ended).await {
+            let event = in_flight.next_event().await;
+            if !self.settle(in_flight, event) {
                 return false;
             }
         }
@@ -432,14 +472,14 @@ impl<H: RecordHandler> Worker<H> {
     ) -> Option<T> {
         let mut work = std::pin::pin!(work);
         loop {
-            if in_flight.running.is_empty() {
+            if !in_flight.busy() {
                 return Some(work.await);
             }
-            let ended = tokio::select! {
+            let event = tokio::select! {
                 output = &mut work => return Some(output),
-                ended = in_flight.next_ended() => ended,
+                event = in_flight.next_event() => event,
             };
-            if !self.settle(in_flight, ended).await {
+            if !self.settle(in_flight, event) {
                 return None;
             }
         }
@@ -449,10 +489,11 @@ impl<H: RecordHandler> Worker<H> {
     /// left to the partition's next owner when stopping) and publishes what
     /// they decided. False when abandoned meanwhile.
     async fn drain<'a>(&'a self, in_flight: &mut InFlight<'a>) -> bool {
-        while !in_flight.running.is_empty() {
-            let ended = in_flight.next_ended().await;
-            if !self.settle(in_flight, ended).await {
+        while in_flight.busy() {
+            let event = in_flight.next_event().await;
+            if !self.settle(in_flight, event) {
                 // The handlers still running see the abandon too and end at once.
+                in_flight.publishing = None;
                 while in_flight.running.next().await.is_some() {}
                 return false;
             }
@@ -460,29 +501,41 @@ impl<H: RecordHandler> Worker<H> {
         true
     }
 
-    /// Takes in the records that ended: done ones move the commit position,
-    /// decided ones go out in one publish and count as done once it is
-    /// acknowledged (their keys are free at once). False when abandoned.
-    async fn settle<'a>(&'a self, in_flight: &mut InFlight<'a>, ended: Vec<(i64, Processed)>) -> bool {
-        for (offset, processed) in ended {
-            match processed {
-                Processed::Done => self.advance(&mut in_flight.window, offset),
-                Processed::Republish { record, dead_letter } => {
-                    in_flight.window.release(offset).expect("a record ends once");
-                    in_flight.outbox.push(record, dead_letter);
-                    in_flight.unacknowledged.push(offset);
+    /// Takes in what happened: records that ended move the commit position
+    /// or go to the outbox; an acknowledged publish marks its records done.
+    /// Then starts the next publish if none is under way, and the records
+    /// the window lets start. False when a publish was abandoned.
+    fn settle<'a>(&'a self, in_flight: &mut InFlight<'a>, event: Event) -> bool {
+        match event {
+            Event::Ended(ended) => {
+                for (offset, processed) in ended {
+                    match processed {
+                        Processed::Done => self.advance(&mut in_flight.window, offset),
+                        Processed::Republish { record, dead_letter } => {
+                            // Its key is free at once; it is done once acknowledged.
+                            in_flight.window.release(offset).expect("a record ends once");
+                            in_flight.outbox.push(record, dead_letter);
+                            in_flight.unacknowledged.push(offset);
+                        }
+                        // Stopping: nothing more starts, the position stays below.
+                        Processed::Left | Processed::Abandoned => in_flight.ending = true,
+                    }
                 }
-                // Stopping: nothing more starts, the position stays below.
-                Processed::Left | Processed::Abandoned => in_flight.ending = true,
+            }
+            Event::Published(_, false) => return false,
+            Event::Published(offsets, true) => {
+                for offset in offsets {
+                    self.advance(&mut in_flight.window, offset);
+                }
             }
         }
-        if !in_flight.outbox.is_empty() {
-            if !self.flush(&mut in_flight.outbox).await {
-                return false;
-            }
-            for offset in std::mem::take(&mut in_flight.unacknowledged) {
-                self.advance(&mut in_flight.window, offset);
-            }
+        if in_flight.publishing.is_none() && !in_flight.outbox.is_empty() {
+            let mut batch = std::mem::take(&mut in_flight.outbox);
+            let offsets = std::mem::take(&mut in_flight.unacknowledged);
+            in_flight.publishing = Some(Box::pin(async move {
+                let ok = self.flush(&mut batch).await;
+                (offsets, ok)
+            }));
         }
         self.start_ready(in_flight);
         true
