@@ -6,6 +6,8 @@
 //! - `raw-headers <topic> <partitions> <records>`: the same with the 11
 //!   headers a retried record carries;
 //! - `probe <topic> <partition> <max-bytes>`: one fetch, timed;
+//! - `fill-and-drain <topic> <partitions> <records> ...`: `raw`, then
+//!   `pipeline` with the same arguments (one broker per scenario);
 //! - `pipeline <topic> <partitions> <records> <failure-percent> [latency]
 //!   [max-in-flight]`: a listener drains the source topic with a handler
 //!   that takes `latency` (`0`, `50ms`, or a mix like `10-200ms`) and fails
@@ -51,6 +53,14 @@ async fn main() {
         // Records carrying as many headers as a retried record: what the
         // broker can take for republication.
         "raw-headers" => raw(&topic, partitions, records, retry_core::header_names::ALL.len()).await,
+        // One process per broker: fill the topics, then drain them.
+        "fill-and-drain" => {
+            raw(&topic, partitions, records, 0).await;
+            let latency = Latency::parse(args.get(5).map_or("0", String::as_str));
+            let max_in_flight = args.get(6).map_or(64, |m| m.parse().expect("max in flight"));
+            pipeline(&topic, partitions, records, arg(4).parse().expect("failure percent"), latency, max_in_flight)
+                .await
+        }
         "pipeline" => {
             let latency = Latency::parse(args.get(5).map_or("0", String::as_str));
             let max_in_flight = args.get(6).map_or(64, |m| m.parse().expect("max in flight"));
