@@ -201,8 +201,15 @@ mod decode {
                 excerpt(raw.get(), QUOTED_BYTES)
             )));
         };
-        Uuid::parse_str(&text)
-            .map_err(|_| D::Error::custom(format_args!("{field} is not a UUID: {}", excerpt(raw.get(), QUOTED_BYTES))))
+        let id = Uuid::parse_str(&text).map_err(|_| {
+            D::Error::custom(format_args!("{field} is not a UUID: {}", excerpt(raw.get(), QUOTED_BYTES)))
+        })?;
+        // The nil UUID is what a producer sends when it forgot to set an id:
+        // charging under it would merge unrelated events into one.
+        if id.is_nil() {
+            return Err(D::Error::custom(format_args!("{field} is the nil UUID, which identifies nothing")));
+        }
+        Ok(id)
     }
 
     pub(super) fn total_amount<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Decimal, D::Error> {

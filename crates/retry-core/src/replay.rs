@@ -62,8 +62,9 @@ impl RetryPolicy {
     /// failed: attempt 1, due now, with its original coordinates and error.
     ///
     /// Refused when the record was replayed `max_replays` times already (a
-    /// loop guard; `None` lifts it), or, to the first rung, when its retry
-    /// headers cannot be decoded.
+    /// loop guard; `None` lifts it, except at `u32::MAX` replays, where the
+    /// count cannot go up), or, to the first rung, when its retry headers
+    /// cannot be decoded.
     pub fn replay_headers(
         &self,
         headers: &Headers,
@@ -72,21 +73,21 @@ impl RetryPolicy {
         max_replays: Option<u32>,
     ) -> Result<Headers, ReplayRefused> {
         let count = RetryHeaders::decode_replay_count(headers).unwrap_or(0);
-        if let Some(max) = max_replays {
-            if count >= max {
-                return Err(ReplayRefused::TooOftenReplayed { count, max });
-            }
+        let max = max_replays.unwrap_or(u32::MAX);
+        if count >= max {
+            return Err(ReplayRefused::TooOftenReplayed { count, max });
         }
+        let count = count.saturating_add(1);
         let mut out = headers.without_retry_headers();
         match target {
-            ReplayTarget::Source => out.insert(names::REPLAY_COUNT, (count + 1).to_string()),
+            ReplayTarget::Source => out.insert(names::REPLAY_COUNT, count.to_string()),
             ReplayTarget::FirstRetry => {
                 let previous = RetryHeaders::decode(headers).map_err(ReplayRefused::CorruptHeaders)?;
                 let replayed = RetryHeaders {
                     attempt: 1,
                     due_at: Some(now),
                     dead_letter_reason: None,
-                    replay_count: count + 1,
+                    replay_count: count,
                     ..previous
                 };
                 replayed.encode_into(&mut out);
@@ -125,6 +126,27 @@ mod tests {
         }
         .encode_into(&mut h);
         h
+    }
+
+    /// A count at the top of its range never wraps: it is over any guard,
+    /// the lifted one included.
+    #[test]
+    fn replay_counts_near_the_top_saturate_and_are_refused() {
+        let p = policy();
+        let now = Timestamp::from_millis(5);
+        for (count, max, expected) in [
+            (u32::MAX - 1, None, Ok(u32::MAX)),
+            (u32::MAX, None, Err(ReplayRefused::TooOftenReplayed { count: u32::MAX, max: u32::MAX })),
+            (u32::MAX, Some(3), Err(ReplayRefused::TooOftenReplayed { count: u32::MAX, max: 3 })),
+            (2, Some(3), Ok(3)),
+        ] {
+            for target in [ReplayTarget::Source, ReplayTarget::FirstRetry] {
+                let got = p
+                    .replay_headers(&dead_letter(count), target, now, max)
+                    .map(|h| RetryHeaders::decode_replay_count(&h).unwrap());
+                assert_eq!(got, expected, "count {count}, guard {max:?}, {target:?}");
+            }
+        }
     }
 
     #[test]

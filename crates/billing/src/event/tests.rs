@@ -7,6 +7,7 @@ use super::OrderConfirmedEvent;
 const EVENT_ID: &str = "0b9f6c1e-8a52-4c0e-9a0b-6d2f3b1c4e5a";
 const ORDER_ID: &str = "5c1e2d3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f";
 const CUSTOMER_ID: &str = "d2a4b6c8-e0f2-4a4c-8e6a-8c0e2a4c6e8a";
+const NIL: &str = "00000000-0000-0000-0000-000000000000";
 
 /// A payload with `total_amount` written as `amount` (raw JSON).
 fn with_amount(amount: &str) -> String {
@@ -129,6 +130,13 @@ fn payloads() {
             Err("customer_id must be a UUID string, got null"),
         ),
         (valid.replace(EVENT_ID, "abc").into(), Err(r#"event_id is not a UUID: "abc""#)),
+        // The nil UUID identifies nothing, in any spelling.
+        (valid.replace(EVENT_ID, NIL).into(), Err("event_id is the nil UUID, which identifies nothing")),
+        (
+            valid.replace(ORDER_ID, &NIL.replace('-', "")).into(),
+            Err("order_id is the nil UUID, which identifies nothing"),
+        ),
+        (valid.replace(CUSTOMER_ID, NIL).into(), Err("customer_id is the nil UUID, which identifies nothing")),
         (
             valid.replace(EVENT_ID, &long_id).into(),
             Err(r#"event_id is not a UUID: "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx…"#),
