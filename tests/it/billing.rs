@@ -679,10 +679,28 @@ async fn the_operators_api_is_off_without_a_token() {
     let (status, _) = call(&service, reqwest::Method::GET, "/admin/dlq", Some(TOKEN), None).await;
     assert_eq!(status, 404);
     service.stop().await;
-    let (code, _, stderr) =
-        setup.run(&["run"], &[("BILLING_PROVIDER_URL", "http://127.0.0.1:9"), ("ADMIN_TOKEN", "too-short")]).await;
-    assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("ADMIN_TOKEN must be at least 16 characters"), "{stderr}");
+    // The token comes from the environment or a file, never from a flag
+    // (command lines are visible to every user); bad ones exit 2, unshown.
+    let short = std::env::temp_dir().join(format!("{}-short-token", setup.topic));
+    std::fs::write(&short, "too-short-token\n").unwrap();
+    let short = short.display().to_string();
+    let provider_url = ("BILLING_PROVIDER_URL", "http://127.0.0.1:9");
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str], &'a str);
+    let cases: [Case<'_>; 5] = [
+        (&[("ADMIN_TOKEN", "too-short")], &[], "must be at least 16 characters"),
+        (&[("ADMIN_TOKEN_FILE", &short)], &[], "must be at least 16 characters"),
+        (&[("ADMIN_TOKEN_FILE", "/nonexistent/token")], &[], "ADMIN_TOKEN_FILE /nonexistent/token cannot be read"),
+        (&[("ADMIN_TOKEN", TOKEN), ("ADMIN_TOKEN_FILE", &short)], &[], "not both"),
+        (&[], &["--admin-token", TOKEN], "unexpected argument '--admin-token'"),
+    ];
+    for (env, flags, expected) in cases {
+        let args: Vec<&str> = ["run"].into_iter().chain(flags.iter().copied()).collect();
+        let env: Vec<(&str, &str)> = [provider_url].into_iter().chain(env.iter().copied()).collect();
+        let (code, _, stderr) = setup.run(&args, &env).await;
+        assert_eq!(code, 2, "{env:?} {flags:?}: {stderr}");
+        assert!(stderr.contains(expected), "{env:?} {flags:?}: {stderr}");
+        assert!(!stderr.contains("too-short-token") && !stderr.contains(TOKEN), "{stderr}");
+    }
 }
 
 /// The partition of the dead-letter topic that holds the records (the

@@ -42,15 +42,37 @@ pub(crate) enum Command {
     Dlq(DlqArgs),
 }
 
+/// The operators' token: `$ADMIN_TOKEN`, or the content of `file` (trailing
+/// newline removed); at least 16 characters. Never shown in errors.
+pub(crate) fn admin_token(file: Option<&std::path::Path>) -> Result<Option<String>, Failure> {
+    let from_env = std::env::var("ADMIN_TOKEN").ok().filter(|t| !t.is_empty());
+    let token = match (from_env, file) {
+        (Some(_), Some(_)) => return Err(Failure::Config("give ADMIN_TOKEN or ADMIN_TOKEN_FILE, not both".into())),
+        (Some(token), None) => token,
+        (None, Some(path)) => std::fs::read_to_string(path)
+            .map(|t| t.trim_end_matches(['\r', '\n']).to_owned())
+            .map_err(|e| Failure::Config(format!("ADMIN_TOKEN_FILE {} cannot be read: {e}", path.display())))?,
+        (None, None) => return Ok(None),
+    };
+    if token.len() < 16 {
+        return Err(Failure::Config(
+            "the admin token (ADMIN_TOKEN or ADMIN_TOKEN_FILE) must be at least 16 characters".into(),
+        ));
+    }
+    Ok(Some(token))
+}
+
 /// Where the running service's operators' API is.
 #[derive(Args)]
 pub(crate) struct DlqArgs {
     /// The service's admin endpoint.
     #[arg(long, env = "ADMIN_URL", default_value = "http://127.0.0.1:8080")]
     pub(crate) admin_url: String,
-    /// The service's ADMIN_TOKEN.
-    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
-    pub(crate) admin_token: Option<String>,
+    /// A file holding the service's admin token (or set ADMIN_TOKEN in the
+    /// environment; there is no flag for the token itself: command lines are
+    /// visible to every user of the machine).
+    #[arg(long, env = "ADMIN_TOKEN_FILE")]
+    pub(crate) admin_token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub(crate) action: DlqAction,
 }
@@ -281,9 +303,12 @@ pub(crate) struct RunArgs {
     /// Where /healthz, /readyz and /metrics are served.
     #[arg(long, env = "ADMIN_LISTEN", default_value = "127.0.0.1:8080")]
     pub(crate) admin_listen: SocketAddr,
-    /// Enables the operators' API under /admin (off when unset); at least 16 characters.
-    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
-    pub(crate) admin_token: Option<String>,
+    /// A file holding the token that enables the operators' API under /admin
+    /// (at least 16 characters); ADMIN_TOKEN in the environment works too.
+    /// Off when neither is set. There is no flag for the token itself:
+    /// command lines are visible to every user of the machine.
+    #[arg(long, env = "ADMIN_TOKEN_FILE")]
+    pub(crate) admin_token_file: Option<std::path::PathBuf>,
     /// How many events of one partition are charged at once (events of one
     /// key, one after another); 1 charges one event at a time.
     #[arg(long, env = "BILLING_MAX_IN_FLIGHT", default_value_t = 64)]
@@ -295,11 +320,7 @@ pub(crate) struct RunArgs {
 
 impl RunArgs {
     pub(crate) fn admin_token(&self) -> Result<Option<String>, Failure> {
-        match self.admin_token.as_deref() {
-            None | Some("") => Ok(None),
-            Some(t) if t.len() < 16 => Err(Failure::Config("ADMIN_TOKEN must be at least 16 characters".into())),
-            Some(t) => Ok(Some(t.to_owned())),
-        }
+        admin_token(self.admin_token_file.as_deref())
     }
 
     pub(crate) fn window(&self) -> Result<retry_core::WindowConfig, Failure> {

@@ -12,11 +12,8 @@ use crate::{
 };
 
 pub(crate) async fn run(kafka: &KafkaArgs, args: &DlqArgs) -> Result<(), Failure> {
-    let token = args
-        .admin_token
-        .clone()
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| Failure::Config("ADMIN_TOKEN (or --admin-token) is required for `dlq` commands".into()))?;
+    let token = crate::config::admin_token(args.admin_token_file.as_deref())?
+        .ok_or_else(|| Failure::Config("ADMIN_TOKEN or ADMIN_TOKEN_FILE is required for `dlq` commands".into()))?;
     let base = args.admin_url.trim_end_matches('/');
     let dlq = format!("{}.dlq", kafka.topic);
     let (method, path, body) = match &args.action {

@@ -40,7 +40,7 @@ pub(crate) fn document() -> Value {
         "info": {
             "title": "billing-bin operators' API",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Inspect the dead-letter topic, replay records into the retry ladder, or acknowledge them. Enabled only when ADMIN_TOKEN is set; every action is audit-logged."
+            "description": "Inspect the dead-letter topic, replay records into the retry ladder, or acknowledge them. Enabled only when ADMIN_TOKEN or ADMIN_TOKEN_FILE is set; every action is audit-logged."
         },
         "security": [{"bearer": []}],
         "paths": {

@@ -2,7 +2,7 @@
 //! records into the ladder, or acknowledge them. By hand only: nothing here
 //! runs on a schedule.
 //!
-//! Mounted only when `ADMIN_TOKEN` is set; every request needs
+//! Mounted only when `ADMIN_TOKEN` (or `ADMIN_TOKEN_FILE`) is set; every request needs
 //! `Authorization: Bearer <token>`, compared in constant time, and every
 //! action is logged as an audit event (target `audit`).
 
