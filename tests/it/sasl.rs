@@ -2,10 +2,12 @@
 //! `cargo xtask integration` starts for the tests named `sasl_only_*` (and
 //! runs the ladder, dead-letter, topic and billing modules through too).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use integration::{broker_addr, connection, unique_topic, within};
 use retry_kafka::{Error, GroupOffsets, SaslCredentials, Secret, Security, SecurityProtocol};
+
+use crate::support::billing_bin_topics_verify;
 
 const WRONG_PASSWORD: &str = "not-the-password-4711";
 
@@ -37,21 +39,10 @@ async fn sasl_only_a_wrong_password_is_refused_naming_broker_user_and_mechanism(
 
 #[tokio::test]
 async fn sasl_only_billing_bin_with_a_wrong_password_exits_1_without_showing_it() {
-    let bin = std::env::var_os("BILLING_BIN").expect("BILLING_BIN is set by cargo xtask integration");
-    let mut cmd = tokio::process::Command::new(bin);
-    cmd.args(["topics", "verify"])
-        .env_clear()
-        .env("KAFKA_BROKERS", broker_addr())
-        .env("BILLING_TOPIC", unique_topic("billing"))
-        .envs(integration::billing_security_env())
-        .env("KAFKA_SASL_PASSWORD", WRONG_PASSWORD)
-        .env("RUST_LOG", "debug");
-    let started = Instant::now();
-    let out = within("billing-bin topics verify", cmd.output()).await.unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    let run = billing_bin_topics_verify(&[("KAFKA_SASL_PASSWORD", WRONG_PASSWORD), ("RUST_LOG", "debug")], &[]).await;
+    let (stdout, stderr) = (&run.stdout, &run.stderr);
+    assert_eq!(run.code, Some(1), "{stderr}");
+    assert!(run.took < Duration::from_secs(15), "took {:?}", run.took);
     for expected in ["authentication to", "SCRAM-SHA-512", "wrong user name or password"] {
         assert!(stderr.contains(expected), "{stderr}");
     }

@@ -290,6 +290,41 @@ pub(crate) async fn committed(
     got.into_iter().map(|((_, p), o)| (p, o)).collect()
 }
 
+/// What `billing-bin topics verify` did.
+pub(crate) struct BillingBinRun {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) took: Duration,
+}
+
+/// Runs `billing-bin topics verify` with the suite's broker and security
+/// settings, less `remove`, then `env` on top (a fresh topic name, so it
+/// fails with exit 1 on missing topics once it reached the broker).
+pub(crate) async fn billing_bin_topics_verify(env: &[(&str, &str)], remove: &[&str]) -> BillingBinRun {
+    let bin = std::env::var_os("BILLING_BIN").expect("BILLING_BIN is set by cargo xtask integration");
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["topics", "verify"])
+        .env_clear()
+        .env("KAFKA_BROKERS", integration::broker_addr())
+        .env("BILLING_TOPIC", unique_topic("billing"))
+        .envs(integration::billing_security_env())
+        .env("RUST_LOG", "info");
+    for name in remove {
+        cmd.env_remove(name);
+    }
+    cmd.envs(env.iter().copied());
+    let started = std::time::Instant::now();
+    let out = within("billing-bin topics verify", cmd.output()).await.unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    BillingBinRun {
+        code: out.status.code(),
+        stdout: text(&out.stdout),
+        stderr: text(&out.stderr),
+        took: started.elapsed(),
+    }
+}
+
 /// Produces a fence record to partition `partition` of the source and waits
 /// until the source group committed past it: every record before it was
 /// then handled to the end (the commit position never passes an

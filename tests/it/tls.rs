@@ -3,13 +3,12 @@
 //! named `tls_only_*` run in both, `client_cert_only_*` in the second; the
 //! whole suite runs through both as well.
 
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::{path::PathBuf, time::Duration};
 
 use integration::{broker_addr, connection, tls_settings, unique_topic, within};
 use retry_kafka::{ConnectionConfig, Error, GroupOffsets, Security, TlsSettings};
+
+use crate::support::billing_bin_topics_verify;
 
 /// The suite's connection with other TLS settings, on `bootstrap`.
 fn with_tls(bootstrap: &str, change: impl FnOnce(&mut TlsSettings)) -> ConnectionConfig {
@@ -89,26 +88,6 @@ async fn client_cert_only_a_client_without_a_certificate_is_refused() {
     assert_tls_error(round_trip(config).await, &addr, "set ssl.certificate.location and ssl.key.location");
 }
 
-/// `billing-bin topics verify` with the suite's settings changed by `env`:
-/// (exit code, stderr, how long it took).
-async fn billing_bin(env: &[(&str, &str)], remove: &[&str]) -> (Option<i32>, String, Duration) {
-    let bin = std::env::var_os("BILLING_BIN").expect("BILLING_BIN is set by cargo xtask integration");
-    let mut cmd = tokio::process::Command::new(bin);
-    cmd.args(["topics", "verify"])
-        .env_clear()
-        .env("KAFKA_BROKERS", broker_addr())
-        .env("BILLING_TOPIC", unique_topic("billing"))
-        .envs(integration::billing_security_env())
-        .env("RUST_LOG", "info");
-    for name in remove {
-        cmd.env_remove(name);
-    }
-    cmd.envs(env.iter().copied());
-    let started = Instant::now();
-    let out = within("billing-bin topics verify", cmd.output()).await.unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned(), started.elapsed())
-}
-
 #[tokio::test]
 async fn tls_only_billing_bin_names_each_tls_failure_and_exits_1() {
     let ca = untrusted_ca();
@@ -119,15 +98,18 @@ async fn tls_only_billing_bin_names_each_tls_failure_and_exits_1() {
         (&[("KAFKA_BROKERS", &addr)], "not valid for 127.0.0.1"),
     ];
     for (env, expected) in cases {
-        let (code, stderr, took) = billing_bin(env, &[]).await;
+        let run = billing_bin_topics_verify(env, &[]).await;
+        let (code, stderr, took) = (run.code, run.stderr, run.took);
         assert_eq!(code, Some(1), "{env:?}: {stderr}");
         assert!(stderr.contains("TLS with") && stderr.contains(expected), "{env:?}: {stderr}");
         assert!(took < Duration::from_secs(15), "{env:?} took {took:?}");
     }
     // Verification off: a warning at start, then the service reaches the
     // broker (and finds the topic missing, as it should).
-    let (code, stderr, _) =
-        billing_bin(&[("KAFKA_BROKERS", &addr), ("KAFKA_SSL_ENDPOINT_IDENTIFICATION", "none")], &[]).await;
+    let run =
+        billing_bin_topics_verify(&[("KAFKA_BROKERS", &addr), ("KAFKA_SSL_ENDPOINT_IDENTIFICATION", "none")], &[])
+            .await;
+    let (code, stderr) = (run.code, run.stderr);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("WARN") && stderr.contains("KAFKA_SSL_ENDPOINT_IDENTIFICATION=none"), "{stderr}");
     assert!(stderr.contains("is missing"), "{stderr}");
@@ -135,7 +117,8 @@ async fn tls_only_billing_bin_names_each_tls_failure_and_exits_1() {
 
 #[tokio::test]
 async fn client_cert_only_billing_bin_without_a_certificate_exits_1() {
-    let (code, stderr, took) = billing_bin(&[], &["KAFKA_SSL_CERTIFICATE_LOCATION", "KAFKA_SSL_KEY_LOCATION"]).await;
+    let run = billing_bin_topics_verify(&[], &["KAFKA_SSL_CERTIFICATE_LOCATION", "KAFKA_SSL_KEY_LOCATION"]).await;
+    let (code, stderr, took) = (run.code, run.stderr, run.took);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("refused this client's certificate"), "{stderr}");
     assert!(took < Duration::from_secs(15), "took {took:?}");

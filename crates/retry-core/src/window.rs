@@ -232,11 +232,6 @@ impl InFlightWindow {
     pub fn commit_position(&self) -> i64 {
         self.entries.first_key_value().map_or(self.next_offset, |(offset, _)| *offset)
     }
-
-    /// How many records are being handled now.
-    pub fn running(&self) -> usize {
-        self.entries.values().filter(|e| e.state == State::Running).count()
-    }
 }
 
 /// Lets the next record of `entry`'s lane start.
