@@ -116,6 +116,7 @@ async fn main() -> ExitCode {
         slow: SLOW_ANSWER,
         seed,
         latency: args.latency,
+        key_ttl: None,
     };
     if let Err(e) = faults.validate() {
         eprintln!("error: {e}");

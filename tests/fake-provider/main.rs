@@ -15,8 +15,8 @@ use std::{net::SocketAddr, time::Duration};
 use clap::Parser;
 use integration::fake_provider::{FakeProvider, Faults};
 
-/// A fake billing provider: `POST /charges`, `GET /ledger`, `GET /requests`,
-/// `PUT /script/{order_id}`.
+/// A fake billing provider: `POST /charges`, `GET /charges/{key}`,
+/// `GET /ledger`, `GET /requests`, `PUT /script/{order_id}`.
 #[derive(Parser)]
 #[command(name = "fake-provider")]
 struct Args {
@@ -41,6 +41,10 @@ struct Args {
     /// How long every answer takes at least (e.g. 50ms), as a real provider's does.
     #[arg(long, default_value = "0s", value_parser = retry_core::parse_duration)]
     latency: Duration,
+    /// How long an idempotency key is remembered after its charge (e.g.
+    /// 24h); without it, keys are remembered for good.
+    #[arg(long, value_parser = retry_core::parse_duration)]
+    key_ttl: Option<Duration>,
     /// Seeds which order gets which fault.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -57,6 +61,7 @@ async fn main() -> std::process::ExitCode {
         slow: args.slow,
         seed: args.seed,
         latency: args.latency,
+        key_ttl: args.key_ttl,
     };
     if let Err(e) = faults.validate() {
         eprintln!("error: {e}");

@@ -2,13 +2,23 @@
 //! loopback, with a ledger to check against and faults to inject. Integration
 //! tests and `cargo xtask demo` use it; the service itself never does.
 //!
-//! The API, as the real provider's contract has it:
+//! The API, as the real provider's contract has it (the README's "billing
+//! provider contract"):
 //!
-//! - `POST /charges` with `{"order_id", "customer_id", "amount": "120.50"}` and
-//!   an `Idempotency-Key` header: 201 charged, 409 when that key was charged
-//!   before (and it is not charged again), 400 without the header or with a
-//!   body that is not such a charge (the amount a string, a positive decimal).
-//! - `GET /ledger`: every charge, as JSON (see [`Charge`]).
+//! - `POST /charges` with `{"order_id", "customer_id", "amount": "120.50",
+//!   "currency": "EUR"}` and an `Idempotency-Key` header: 201 charged; 409
+//!   when the key is known (its charge is still being processed, succeeded,
+//!   or was made with another body), and nothing is charged again; 400
+//!   without the header or with a body that is not such a charge (the
+//!   amount a string, a positive decimal; the currency three letters).
+//!   A charge whose processing failed frees its key: the next request
+//!   under it charges anew. A key is forgotten [`Faults::key_ttl`] after
+//!   its charge, as real providers forget theirs after a day or so; a
+//!   request under a forgotten key charges again.
+//! - `GET /charges/{key}`: the charge under that key, `{"order_id",
+//!   "customer_id", "amount", "currency", "status"}` with `status` one of
+//!   `pending`, `succeeded`, `failed`; 404 for an unknown or forgotten key.
+//! - `GET /ledger`: every completed charge, as JSON (see [`Charge`]).
 //! - `GET /requests`: how many requests were answered with each status.
 //! - `PUT /script/{order_id}` with a [`Script`] as JSON: what to do with the
 //!   next requests for that order, so a test in another process can script it.
@@ -23,7 +33,7 @@ use std::{
     net::SocketAddr,
     str::FromStr,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use axum::{
@@ -61,8 +71,12 @@ pub struct Faults {
     /// Seeds the draw: the same seed gives every order the same fault.
     pub seed: u64,
     /// How long every answer takes at least, as a real provider's does
-    /// (a slow order's first answer takes this plus [`Faults::slow`]).
+    /// (a slow order's first answer takes this plus [`Faults::slow`]); a
+    /// charge is `pending` that long.
     pub latency: Duration,
+    /// How long an idempotency key is remembered after its charge; `None`
+    /// remembers keys for good.
+    pub key_ttl: Option<Duration>,
 }
 
 impl Faults {
@@ -119,7 +133,8 @@ pub enum OrderFault {
 
 /// What to do with the next requests for one order, instead of its random
 /// fault. As JSON: `{"kind": "fail_times", "times": 2}`, `{"kind": "reject"}`,
-/// `{"kind": "hang", "times": 1, "delay_ms": 3000}`.
+/// `{"kind": "hang", "times": 1, "delay_ms": 3000}`,
+/// `{"kind": "fail_late", "delay_ms": 3000}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Script {
@@ -131,12 +146,21 @@ pub enum Script {
     /// Answer every request 400, as for a declined card.
     Reject,
     /// Charge as usual, but answer each of the next `times` requests only
-    /// after `delay`: the charge is booked before the wait, as when a
-    /// provider's answer comes too late for the client.
+    /// after `delay`: the charge is `pending` meanwhile and succeeds at the
+    /// end, as when a provider's answer comes too late for the client.
     Hang {
         /// How many requests are answered late.
         times: u32,
         /// How late.
+        #[serde(rename = "delay_ms", with = "millis")]
+        delay: Duration,
+    },
+    /// Hold the next request for `delay` with its charge `pending`, then
+    /// fail it (502, status `failed`); later requests charge as usual. A
+    /// client that gave up and asks again meanwhile hears 409: taking that
+    /// for "charged" loses the charge.
+    FailLate {
+        /// How long the charge stays pending.
         #[serde(rename = "delay_ms", with = "millis")]
         delay: Duration,
     },
@@ -153,6 +177,8 @@ pub struct Charge {
     pub customer_id: String,
     /// The amount, as the request wrote it.
     pub amount: String,
+    /// Its currency code, as the request wrote it.
+    pub currency: String,
     /// Every request seen with this idempotency key, whatever its answer.
     pub requests: u32,
 }
@@ -189,6 +215,7 @@ impl FakeProvider {
         let shared = Arc::new(Shared { faults, books: Mutex::default(), shutdown: watch::Sender::new(false) });
         let router = Router::new()
             .route("/charges", post(charge))
+            .route("/charges/{key}", get(charge_status))
             .route("/ledger", get(ledger))
             .route("/requests", get(requests))
             .route("/script/{order_id}", put(script))
@@ -226,12 +253,12 @@ impl FakeProvider {
         self.shared.books().scripts.insert(order_id.to_owned(), script);
     }
 
-    /// Every charge, in the order they were made.
+    /// Every completed charge, in the order they were made.
     pub fn ledger(&self) -> Vec<Charge> {
         self.shared.books().ledger()
     }
 
-    /// The charges of `order_id`: more than one is a double charge.
+    /// The completed charges of `order_id`: more than one is a double charge.
     pub fn charges_for(&self, order_id: &str) -> Vec<Charge> {
         self.ledger().into_iter().filter(|c| c.order_id == order_id).collect()
     }
@@ -276,9 +303,9 @@ impl Shared {
 /// The provider's memory.
 #[derive(Default)]
 struct Books {
-    /// Charges in the order they were made.
-    charges: Vec<Charge>,
-    /// Index into `charges` by idempotency key.
+    /// Every charge attempt, completed, pending or failed, in order.
+    attempts: Vec<Attempt>,
+    /// The latest attempt under each idempotency key.
     by_key: HashMap<String, usize>,
     /// Requests per idempotency key, charged or not.
     requests_by_key: HashMap<String, u32>,
@@ -288,22 +315,79 @@ struct Books {
     statuses: BTreeMap<u16, u64>,
 }
 
+/// One charge under one idempotency key.
+struct Attempt {
+    charge: Charge,
+    /// When it was made: its key is forgotten [`Faults::key_ttl`] later.
+    made_at: Instant,
+    /// When its processing ends; it is `pending` until then.
+    settles_at: Instant,
+    /// Whether its processing ends in failure.
+    fails: bool,
+}
+
+/// Where a charge stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Pending,
+    Succeeded,
+    Failed,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+        }
+    }
+}
+
+impl Attempt {
+    fn status(&self, now: Instant) -> Status {
+        match (now < self.settles_at, self.fails) {
+            (true, _) => Status::Pending,
+            (false, false) => Status::Succeeded,
+            (false, true) => Status::Failed,
+        }
+    }
+}
+
+/// How a request that is not refused at once is processed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Processing {
+    /// How long before it settles (and is answered), beyond the latency.
+    delay: Duration,
+    /// Whether it fails when it settles.
+    fails: bool,
+}
+
 impl Books {
     fn ledger(&self) -> Vec<Charge> {
-        self.charges
+        let now = Instant::now();
+        self.attempts
             .iter()
-            .map(|c| Charge { requests: self.requests_by_key[&c.idempotency_key], ..c.clone() })
+            .filter(|a| a.status(now) == Status::Succeeded)
+            .map(|a| Charge { requests: self.requests_by_key[&a.charge.idempotency_key], ..a.charge.clone() })
             .collect()
     }
 
+    /// The latest attempt under `key`, unless the key was forgotten.
+    fn remembered(&self, key: &str, key_ttl: Option<Duration>, now: Instant) -> Option<&Attempt> {
+        let attempt = &self.attempts[*self.by_key.get(key)?];
+        let forgotten = key_ttl.is_some_and(|ttl| now.saturating_duration_since(attempt.made_at) >= ttl);
+        (!forgotten).then_some(attempt)
+    }
+
     /// What `order_id`'s script or random fault does to its `attempt`-th
-    /// request: fail with a status, or go on after an optional delay.
+    /// request: fail with a status, or go on (after a delay, to fail late).
     fn fault(
         &mut self,
         faults: &Faults,
         order_id: &str,
         attempt: u32,
-    ) -> Result<Option<Duration>, (StatusCode, String)> {
+    ) -> Result<Processing, (StatusCode, String)> {
         if let Some(script) = self.scripts.get_mut(order_id) {
             return match script {
                 Script::FailTimes { times } if *times > 0 => {
@@ -312,10 +396,16 @@ impl Books {
                 }
                 Script::Hang { times, delay } if *times > 0 => {
                     *times -= 1;
-                    Ok(Some(*delay))
+                    Ok(Processing { delay: *delay, fails: false })
+                }
+                Script::FailLate { delay } => {
+                    let processing = Processing { delay: *delay, fails: true };
+                    // Scripts hold for good: from now on, charge as usual.
+                    *script = Script::FailTimes { times: 0 };
+                    Ok(processing)
                 }
                 Script::Reject => Err((StatusCode::BAD_REQUEST, "card declined (scripted)".into())),
-                Script::FailTimes { .. } | Script::Hang { .. } => Ok(None),
+                Script::FailTimes { .. } | Script::Hang { .. } => Ok(Processing::default()),
             };
         }
         match faults.plan(order_id) {
@@ -324,8 +414,8 @@ impl Books {
                 StatusCode::from_u16(status).expect("the fault statuses are valid"),
                 format!("fake transient fault {attempt} of {failures}: try again later"),
             )),
-            OrderFault::Slow if attempt == 1 => Ok(Some(faults.slow)),
-            OrderFault::Transient { .. } | OrderFault::Slow | OrderFault::Healthy => Ok(None),
+            OrderFault::Slow if attempt == 1 => Ok(Processing { delay: faults.slow, fails: false }),
+            OrderFault::Transient { .. } | OrderFault::Slow | OrderFault::Healthy => Ok(Processing::default()),
         }
     }
 }
@@ -336,6 +426,7 @@ struct ChargeRequest {
     order_id: String,
     customer_id: String,
     amount: String,
+    currency: String,
 }
 
 /// The answer to a charge: a status and a JSON body.
@@ -343,7 +434,6 @@ type Answer = (StatusCode, Json<serde_json::Value>);
 
 async fn charge(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Answer {
     let (answer, delay) = decide(&shared, &headers, &body);
-    let delay = delay.unwrap_or_default() + shared.faults.latency;
     if delay.is_zero() {
         return answer;
     }
@@ -355,12 +445,12 @@ async fn charge(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
 }
 
 /// Books the charge (or not) and says how to answer and how long to wait first.
-fn decide(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> (Answer, Option<Duration>) {
+fn decide(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> (Answer, Duration) {
     let mut books = shared.books();
     let (answer, delay) = book(&mut books, &shared.faults, headers, body)
-        .unwrap_or_else(|(status, message)| (refuse(status, &message), None));
+        .unwrap_or_else(|(status, message)| (refuse(status, &message), Duration::ZERO));
     *books.statuses.entry(answer.0.as_u16()).or_default() += 1;
-    (answer, delay)
+    (answer, delay + shared.faults.latency)
 }
 
 fn book(
@@ -368,7 +458,7 @@ fn book(
     faults: &Faults,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<(Answer, Option<Duration>), (StatusCode, String)> {
+) -> Result<(Answer, Duration), (StatusCode, String)> {
     let bad = |message: String| (StatusCode::BAD_REQUEST, message);
     let key = match headers.get(IDEMPOTENCY_KEY).map(|v| v.to_str()) {
         Some(Ok(key)) if !key.trim().is_empty() => key.to_owned(),
@@ -382,6 +472,9 @@ fn book(
         Ok(amount) => return Err(bad(format!("amount must be positive, got {amount}"))),
         Err(e) => return Err(bad(format!("amount {:?} is not a decimal: {e}", request.amount))),
     }
+    if request.currency.len() != 3 || !request.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(bad(format!("currency {:?} is not an ISO 4217 code", request.currency)));
+    }
 
     *books.requests_by_key.entry(key.clone()).or_default() += 1;
     let attempt = {
@@ -389,26 +482,68 @@ fn book(
         *n += 1;
         *n
     };
-    let delay = books.fault(faults, &request.order_id, attempt)?;
+    let processing = books.fault(faults, &request.order_id, attempt)?;
 
-    if let Some(&index) = books.by_key.get(&key) {
-        let body = serde_json::json!({
-            "error": "already charged under this idempotency key",
-            "charge_id": charge_id(index),
-        });
-        return Ok(((StatusCode::CONFLICT, Json(body)), delay));
+    let now = Instant::now();
+    if let Some(earlier) = books.remembered(&key, faults.key_ttl, now) {
+        let same = (&earlier.charge.order_id, &earlier.charge.customer_id, &earlier.charge.amount, &earlier.charge.currency)
+            == (&request.order_id, &request.customer_id, &request.amount, &request.currency);
+        let conflict = match earlier.status(now) {
+            _ if !same => Some("idempotency key already used with other parameters"),
+            Status::Pending => Some("a charge under this idempotency key is still being processed"),
+            Status::Succeeded => Some("already charged under this idempotency key"),
+            // The failed attempt is over: this request charges anew.
+            Status::Failed => None,
+        };
+        if let Some(error) = conflict {
+            let body = serde_json::json!({ "error": error, "charge_id": charge_id(books.by_key[&key]) });
+            return Ok(((StatusCode::CONFLICT, Json(body)), Duration::ZERO));
+        }
     }
-    let index = books.charges.len();
+    let index = books.attempts.len();
     books.by_key.insert(key.clone(), index);
-    books.charges.push(Charge {
-        idempotency_key: key,
-        order_id: request.order_id.clone(),
-        customer_id: request.customer_id,
-        amount: request.amount,
-        requests: 0,
+    books.attempts.push(Attempt {
+        charge: Charge {
+            idempotency_key: key,
+            order_id: request.order_id.clone(),
+            customer_id: request.customer_id,
+            amount: request.amount,
+            currency: request.currency,
+            requests: 0,
+        },
+        made_at: now,
+        settles_at: now + processing.delay + faults.latency,
+        fails: processing.fails,
     });
-    let body = serde_json::json!({ "charge_id": charge_id(index), "order_id": request.order_id, "status": "charged" });
-    Ok(((StatusCode::CREATED, Json(body)), delay))
+    let answer = if processing.fails {
+        refuse(StatusCode::BAD_GATEWAY, "the charge failed while being processed: try again")
+    } else {
+        let body = serde_json::json!({ "charge_id": charge_id(index), "order_id": request.order_id, "status": "charged" });
+        (StatusCode::CREATED, Json(body))
+    };
+    Ok((answer, processing.delay))
+}
+
+/// `GET /charges/{key}`: the charge under `key`, as the contract has it.
+async fn charge_status(State(shared): State<Arc<Shared>>, Path(key): Path<String>) -> Answer {
+    let books = shared.books();
+    let now = Instant::now();
+    match books.remembered(&key, shared.faults.key_ttl, now) {
+        Some(attempt) => {
+            let c = &attempt.charge;
+            let body = serde_json::json!({
+                "charge_id": charge_id(books.by_key[&key]),
+                "idempotency_key": c.idempotency_key,
+                "order_id": c.order_id,
+                "customer_id": c.customer_id,
+                "amount": c.amount,
+                "currency": c.currency,
+                "status": attempt.status(now).as_str(),
+            });
+            (StatusCode::OK, Json(body))
+        }
+        None => refuse(StatusCode::NOT_FOUND, "no charge under this idempotency key"),
+    }
 }
 
 fn charge_id(index: usize) -> String {
@@ -519,7 +654,7 @@ mod tests {
     }
 
     fn charge_body(order: &str) -> Value {
-        json!({ "order_id": order, "customer_id": format!("customer-{order}"), "amount": "120.50" })
+        json!({ "order_id": order, "customer_id": format!("customer-{order}"), "amount": "120.50", "currency": "EUR" })
     }
 
     fn ledger_entry(order: &str, requests: u32) -> Charge {
@@ -528,6 +663,7 @@ mod tests {
             order_id: order.into(),
             customer_id: format!("customer-{order}"),
             amount: "120.50".into(),
+            currency: "EUR".into(),
             requests,
         }
     }
@@ -561,9 +697,11 @@ mod tests {
             (Some("k"), "not json"),
             (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1"}"#),
             (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": 120.5}"#),
-            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "-1.00"}"#),
-            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "0"}"#),
-            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "lots"}"#),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "-1.00", "currency": "EUR"}"#),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "0", "currency": "EUR"}"#),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "lots", "currency": "EUR"}"#),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "1.00"}"#),
+            (Some("k"), r#"{"order_id": "o-1", "customer_id": "c-1", "amount": "1.00", "currency": "eur"}"#),
         ];
         let provider = FakeProvider::start(Faults::default()).await;
         let client = Client::of(&provider);
@@ -581,6 +719,7 @@ mod tests {
         (Script::FailTimes { times: 0 }, &[201, 409]),
         (Script::Reject, &[400, 400, 400]),
         (Script::Hang { times: 1, delay: Duration::from_millis(50) }, &[201, 409]),
+        (Script::FailLate { delay: Duration::from_millis(50) }, &[502, 201, 409]),
     ];
 
     fn always_refusing() -> Faults {
@@ -614,6 +753,7 @@ mod tests {
         let cases = [
             (r#"{"kind": "reject"}"#, 200),
             (r#"{"kind": "hang", "times": 1, "delay_ms": 3000}"#, 200),
+            (r#"{"kind": "fail_late", "delay_ms": 10}"#, 200),
             (r#"{"kind": "fail_times", "times": 2}"#, 200),
             (r#"{"kind": "hang", "times": 1}"#, 400),
             (r#"{"kind": "explode"}"#, 400),
@@ -628,16 +768,78 @@ mod tests {
         check(&client, "o-1", &[503, 503, 201, 409]).await;
     }
 
+    /// Waits until `order`'s charge under its key has `status`.
+    async fn until_status(client: &Client, order: &str, status: &str) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while client.get(&format!("/charges/event-{order}")).await["status"] != status {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the charge of {order} never became {status}"));
+    }
+
     #[tokio::test]
-    async fn a_hang_outlasts_the_client_timeout_yet_charges() {
+    async fn a_hang_outlasts_the_client_timeout_and_is_pending_until_it_charges() {
         let provider = FakeProvider::start(Faults::default()).await;
-        provider.script("o-1", Script::Hang { times: 1, delay: Duration::from_secs(60) });
+        provider.script("o-1", Script::Hang { times: 1, delay: Duration::from_secs(1) });
         let impatient = Client::with_timeout(&provider, Duration::from_millis(300));
         let err = impatient.charge("o-1").await.unwrap_err();
         assert!(err.is_timeout(), "expected a client timeout, got {err}");
-        // The charge was booked before the wait: the retry learns it.
-        check(&Client::of(&provider), "o-1", &[409]).await;
+        let client = Client::of(&provider);
+        // Still processing: a conflict, and the key's charge says so.
+        check(&client, "o-1", &[409]).await;
+        let status = client.get("/charges/event-o-1").await;
+        assert_eq!(status["status"], "pending", "{status}");
+        assert_eq!(provider.ledger(), []);
+        until_status(&client, "o-1", "succeeded").await;
+        check(&client, "o-1", &[409]).await;
+        assert_eq!(provider.ledger(), [ledger_entry("o-1", 3)]);
+    }
+
+    #[tokio::test]
+    async fn a_charge_that_fails_late_frees_its_key() {
+        let provider = FakeProvider::start(Faults::default()).await;
+        provider.script("o-1", Script::FailLate { delay: Duration::from_secs(1) });
+        let impatient = Client::with_timeout(&provider, Duration::from_millis(300));
+        assert!(impatient.charge("o-1").await.unwrap_err().is_timeout());
+        let client = Client::of(&provider);
+        check(&client, "o-1", &[409]).await;
+        until_status(&client, "o-1", "failed").await;
+        assert_eq!(provider.ledger(), []);
+        // The failed attempt is over: the next request charges.
+        check(&client, "o-1", &[201, 409]).await;
+        assert_eq!(client.get("/charges/event-o-1").await["status"], "succeeded");
+        assert_eq!(provider.ledger(), [ledger_entry("o-1", 4)]);
+    }
+
+    #[tokio::test]
+    async fn a_key_reused_with_another_body_is_a_conflict_and_charges_nothing() {
+        let provider = FakeProvider::start(Faults::default()).await;
+        let client = Client::of(&provider);
+        check(&client, "o-1", &[201]).await;
+        let mut other = charge_body("o-1");
+        other["amount"] = json!("99.00");
+        assert_eq!(client.post(Some("event-o-1"), &other.to_string()).await.unwrap(), 409);
+        let status = client.get("/charges/event-o-1").await;
+        assert_eq!((&status["amount"], &status["status"]), (&json!("120.50"), &json!("succeeded")));
         assert_eq!(provider.ledger(), [ledger_entry("o-1", 2)]);
+    }
+
+    #[tokio::test]
+    async fn keys_are_forgotten_after_their_time_to_live() {
+        let ttl = Duration::from_millis(300);
+        let provider = FakeProvider::start(Faults { key_ttl: Some(ttl), ..Faults::default() }).await;
+        let client = Client::of(&provider);
+        check(&client, "o-1", &[201, 409]).await;
+        let answer = client.http.get(format!("{}/charges/event-unknown", client.url)).send().await.unwrap();
+        assert_eq!(answer.status(), 404);
+        tokio::time::sleep(ttl).await;
+        let answer = client.http.get(format!("{}/charges/event-o-1", client.url)).send().await.unwrap();
+        assert_eq!(answer.status(), 404, "a forgotten key is unknown");
+        // What the idempotency window of replays is for: the same key charges twice.
+        check(&client, "o-1", &[201]).await;
+        assert_eq!(provider.charges_for("o-1").len(), 2);
     }
 
     #[tokio::test]
@@ -669,6 +871,7 @@ mod tests {
             slow: Duration::from_millis(20),
             seed: 7,
             latency: Duration::from_millis(5),
+            key_ttl: None,
         };
         let provider = FakeProvider::start(faults.clone()).await;
         let client = Client::of(&provider);
@@ -701,6 +904,7 @@ mod tests {
             slow: Duration::from_secs(3),
             seed: 42,
             latency: Duration::ZERO,
+            key_ttl: None,
         };
         let orders: Vec<String> = (0..10_000).map(|i| format!("order-{i}")).collect();
         let plan = |faults: &Faults| orders.iter().map(|o| faults.plan(o)).collect::<Vec<_>>();
@@ -752,6 +956,7 @@ mod tests {
                 "order_id": "o-1",
                 "customer_id": "customer-o-1",
                 "amount": "120.50",
+                "currency": "EUR",
                 "requests": 2,
             },
             {
@@ -759,6 +964,7 @@ mod tests {
                 "order_id": "o-2",
                 "customer_id": "customer-o-2",
                 "amount": "120.50",
+                "currency": "EUR",
                 "requests": 1,
             },
         ]);

@@ -1,5 +1,6 @@
 //! The admin listener: `/healthz` (the process is alive), `/readyz` (topics
 //! verified and every consumer group joined) and `/metrics` (Prometheus text).
+//! Nothing else: the operators' API listens elsewhere.
 
 use std::{
     net::SocketAddr,
@@ -15,20 +16,19 @@ use axum::{
 };
 use prometheus_client::registry::Registry;
 use retry_kafka::Readiness;
-use tokio::{sync::oneshot, task::JoinHandle};
+
+use crate::http::{HttpLimits, Server};
 
 /// The running admin server.
 pub(crate) struct Admin {
-    addr: SocketAddr,
+    server: Server,
     ready: Arc<OnceLock<Running>>,
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<()>,
 }
 
 impl Admin {
     /// Where it listens (useful when configured with port 0).
     pub(crate) fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// From now on, `/readyz` follows the listener and `/metrics` shows `registry`.
@@ -38,41 +38,22 @@ impl Admin {
 
     /// Stops accepting, finishes requests under way.
     pub(crate) async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = self.task.await;
+        self.server.stop().await;
     }
 }
 
-/// Binds `addr` and serves in the background; with `operators`, also the
-/// operators' API under `/admin`.
-pub(crate) async fn serve(
-    addr: SocketAddr,
-    operators: Option<Arc<crate::operators::Operators>>,
-) -> std::io::Result<Admin> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on ADMIN_LISTEN={addr}: {e}")))?;
-    let addr = listener.local_addr()?;
+/// Binds `addr` and serves the probes and metrics in the background. The
+/// operators' API has a listener of its own, so that an orchestrator can
+/// reach these without reaching it.
+pub(crate) async fn serve(addr: SocketAddr, limits: HttpLimits) -> std::io::Result<Admin> {
     let ready: Arc<OnceLock<Running>> = Arc::default();
-    let mut app = Router::new()
+    let app = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(ready.clone());
-    if let Some(operators) = operators {
-        app = app.merge(crate::operators::routes(operators));
-    }
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let app = app.into_make_service_with_connect_info::<SocketAddr>();
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async {
-            let _ = stopped.await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "admin server failed");
-        }
-    });
-    Ok(Admin { addr, ready, stop, task })
+    let server = crate::http::serve("ADMIN_LISTEN", addr, app, limits).await?;
+    Ok(Admin { server, ready })
 }
 
 /// What the endpoints show once the listener runs.

@@ -65,9 +65,9 @@ pub(crate) fn admin_token(file: Option<&std::path::Path>) -> Result<Option<Strin
 /// Where the running service's operators' API is.
 #[derive(Args)]
 pub(crate) struct DlqArgs {
-    /// The service's admin endpoint.
-    #[arg(long, env = "ADMIN_URL", default_value = "http://127.0.0.1:8080")]
-    pub(crate) admin_url: String,
+    /// The service's operators' API (its OPERATOR_LISTEN).
+    #[arg(long, env = "OPERATOR_URL", default_value = "http://127.0.0.1:8081")]
+    pub(crate) operator_url: String,
     /// A file holding the service's admin token (or set ADMIN_TOKEN in the
     /// environment; there is no flag for the token itself: command lines are
     /// visible to every user of the machine).
@@ -83,12 +83,12 @@ pub(crate) enum DlqAction {
     List,
     /// One page of dead-lettered records.
     Show {
-        /// The partition.
+        /// One partition (default: every partition, from the operators' position).
         #[arg(long)]
-        partition: i32,
-        /// The first offset.
-        #[arg(long, default_value_t = 0)]
-        offset: i64,
+        partition: Option<i32>,
+        /// With a partition, the first offset (default: the oldest kept).
+        #[arg(long, requires = "partition")]
+        offset: Option<i64>,
         /// How many records (at most 100).
         #[arg(long, default_value_t = 20)]
         limit: usize,
@@ -116,6 +116,10 @@ pub(crate) enum DlqAction {
         /// Replay records even if replayed too often already.
         #[arg(long)]
         override_loop_guard: bool,
+        /// Replay records older than the provider's idempotency window, which
+        /// the provider may charge again.
+        #[arg(long)]
+        override_idempotency_window: bool,
     },
     /// Acknowledge records without replaying them.
     Ack {
@@ -123,8 +127,11 @@ pub(crate) enum DlqAction {
         #[arg(long)]
         partition: i32,
         /// The last offset to acknowledge (inclusive).
-        #[arg(long)]
-        up_to_offset: i64,
+        #[arg(long, conflicts_with = "offsets", required_unless_present = "offsets")]
+        up_to_offset: Option<i64>,
+        /// Only these offsets (repeatable).
+        #[arg(long = "offset")]
+        offsets: Vec<i64>,
     },
 }
 
@@ -300,9 +307,42 @@ pub(crate) struct RunArgs {
     /// How long one call to the provider may take; longer is a transient failure.
     #[arg(long, env = "BILLING_PROVIDER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub(crate) provider_timeout: Duration,
+    /// How long the provider remembers an idempotency key (e.g. 24h): a
+    /// dead letter whose event is older is replayed only when the operator
+    /// overrides the idempotency window, since the provider might charge it
+    /// again. `off` when the provider never forgets.
+    #[arg(long, env = "BILLING_PROVIDER_IDEMPOTENCY_WINDOW", default_value = "24h")]
+    pub(crate) provider_idempotency_window: String,
+    /// The ISO 4217 currencies charged in, comma-separated; the first is
+    /// the currency of events that name none.
+    #[arg(long, env = "BILLING_CURRENCIES", default_value = "EUR")]
+    pub(crate) currencies: String,
+    /// The most one charge may be: one amount for every currency (10000),
+    /// or one per currency (EUR=10000,JPY=1500000). Above it, the event is
+    /// dead-lettered, not charged.
+    #[arg(long, env = "BILLING_MAX_AMOUNT", default_value = "10000")]
+    pub(crate) max_amount: String,
     /// Where /healthz, /readyz and /metrics are served.
     #[arg(long, env = "ADMIN_LISTEN", default_value = "127.0.0.1:8080")]
     pub(crate) admin_listen: SocketAddr,
+    /// Where the operators' API (/admin) is served, when it is on: apart
+    /// from the probes, so exposing one does not expose the other.
+    #[arg(long, env = "OPERATOR_LISTEN", default_value = "127.0.0.1:8081")]
+    pub(crate) operator_listen: SocketAddr,
+    /// How long a client of either listener may take to send a request's
+    /// headers, waiting on a kept-alive connection included.
+    #[arg(long, env = "HTTP_HEADER_READ_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub(crate) http_header_read_timeout: Duration,
+    /// How long a request to either listener may take, its body included.
+    #[arg(long, env = "HTTP_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) http_request_timeout: Duration,
+    /// Connections each listener serves at once; more are closed on arrival.
+    #[arg(long, env = "HTTP_MAX_CONNECTIONS", default_value_t = 128)]
+    pub(crate) http_max_connections: usize,
+    /// Failed authentications to the operators' API a client address may
+    /// make per minute; beyond, it is answered 429 until the minute ends.
+    #[arg(long, env = "OPERATOR_MAX_AUTH_FAILURES", default_value_t = 10)]
+    pub(crate) operator_max_auth_failures: u32,
     /// A file holding the token that enables the operators' API under /admin
     /// (at least 16 characters); ADMIN_TOKEN in the environment works too.
     /// Off when neither is set. There is no flag for the token itself:
@@ -326,6 +366,52 @@ impl RunArgs {
     pub(crate) fn window(&self) -> Result<retry_core::WindowConfig, Failure> {
         retry_core::WindowConfig::new(self.max_in_flight, retry_core::NullKeys::Ordered)
             .map_err(|e| Failure::Config(format!("BILLING_MAX_IN_FLIGHT: {e}")))
+    }
+
+    /// The limits of both HTTP listeners.
+    pub(crate) fn http_limits(&self) -> Result<crate::http::HttpLimits, Failure> {
+        if self.http_header_read_timeout.is_zero() || self.http_request_timeout.is_zero() {
+            return Err(Failure::Config("HTTP_HEADER_READ_TIMEOUT and HTTP_REQUEST_TIMEOUT must be longer than zero".into()));
+        }
+        if self.http_max_connections == 0 {
+            return Err(Failure::Config("HTTP_MAX_CONNECTIONS must be at least 1".into()));
+        }
+        if self.operator_max_auth_failures == 0 {
+            return Err(Failure::Config("OPERATOR_MAX_AUTH_FAILURES must be at least 1".into()));
+        }
+        Ok(crate::http::HttpLimits {
+            header_read_timeout: self.http_header_read_timeout,
+            request_timeout: self.http_request_timeout,
+            max_connections: self.http_max_connections,
+        })
+    }
+
+    /// The business rules of a charge.
+    pub(crate) fn charge_rules(&self) -> Result<billing::ChargeRules, Failure> {
+        let currencies = self
+            .currencies
+            .split(',')
+            .map(|code| code.trim().parse::<billing::Currency>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Failure::Config(format!("BILLING_CURRENCIES: {e}")))?;
+        let max_amount: billing::MaxAmount =
+            self.max_amount.parse().map_err(|e| Failure::Config(format!("BILLING_MAX_AMOUNT: {e}")))?;
+        billing::ChargeRules::new(currencies, max_amount)
+            .map_err(|e| Failure::Config(format!("BILLING_CURRENCIES and BILLING_MAX_AMOUNT: {e}")))
+    }
+
+    /// The provider's idempotency window; `None` when it is `off`.
+    pub(crate) fn idempotency_window(&self) -> Result<Option<Duration>, Failure> {
+        match self.provider_idempotency_window.trim() {
+            "off" => Ok(None),
+            text => match parse_duration(text) {
+                Ok(window) if !window.is_zero() => Ok(Some(window)),
+                Ok(_) => Err(Failure::Config(
+                    "BILLING_PROVIDER_IDEMPOTENCY_WINDOW must be longer than zero, or `off`".into(),
+                )),
+                Err(e) => Err(Failure::Config(format!("BILLING_PROVIDER_IDEMPOTENCY_WINDOW: {e}"))),
+            },
+        }
     }
 
     pub(crate) fn provider(&self) -> Result<billing::ProviderConfig, Failure> {

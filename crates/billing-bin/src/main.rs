@@ -16,10 +16,11 @@
 mod admin;
 mod config;
 mod dlq_cli;
+mod http;
 mod openapi;
 mod operators;
 
-use std::{process::ExitCode, sync::Arc};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use retry_core::{RetryPolicy, RetryTopology};
@@ -85,27 +86,40 @@ fn topology(kafka: &KafkaArgs) -> Result<RetryTopology, Failure> {
 
 async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let provider = args.provider()?;
+    let rules = args.charge_rules()?;
+    let idempotency_window = args.idempotency_window()?;
     let window = args.window()?;
+    let limits = args.http_limits()?;
+    let token = args.admin_token()?;
     let connection = kafka.connection()?;
     let topology = topology(kafka)?;
-    let handler = billing::ChargeHandler::new(provider).map_err(|e| Failure::Config(e.to_string()))?;
+    let handler = billing::ChargeHandler::new(provider, rules).map_err(|e| Failure::Config(e.to_string()))?;
 
     let policy = RetryPolicy::new(topology, Default::default());
-    let operators = match args.admin_token()? {
+    // Health first, so an orchestrator sees the process while it connects.
+    let admin = admin::serve(args.admin_listen, limits).await.map_err(|e| Failure::Runtime(e.to_string()))?;
+    info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");
+    let operators_server = match token {
         Some(token) => {
             let group =
                 retry_kafka::ListenerConfig::new(connection.clone(), &args.group_id, policy.clone()).operators_group();
-            let admin = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &group).await?;
-            Some(Arc::new(operators::Operators { token, policy: policy.clone(), admin, replaying: Default::default() }))
+            let store = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &group).await?;
+            let failures = operators::AuthFailures::new(args.operator_max_auth_failures, Duration::from_secs(60));
+            let mut operators = operators::Operators::new(token, policy.clone(), store, idempotency_window, failures);
+            // Answer before the request's own deadline cuts the wait short.
+            operators.wait_limit = limits.request_timeout * 2 / 3;
+            let routes = operators::routes(Arc::new(operators));
+            let server = http::serve("OPERATOR_LISTEN", args.operator_listen, routes, limits)
+                .await
+                .map_err(|e| Failure::Runtime(e.to_string()))?;
+            info!(operators = %server.addr(), "operators' API listening (/admin)");
+            Some(server)
         }
         None => {
             info!("ADMIN_TOKEN is not set: the operators' API (/admin) is off");
             None
         }
     };
-    // Health first, so an orchestrator sees the process while it connects.
-    let admin = admin::serve(args.admin_listen, operators).await.map_err(|e| Failure::Runtime(e.to_string()))?;
-    info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");
 
     let mut config = retry_kafka::ListenerConfig::new(connection, &args.group_id, policy);
     config.handler_timeout = args.provider_timeout + args.provider_timeout / 2;
@@ -121,6 +135,9 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     wait_for_shutdown_signal().await;
     info!("shutting down: finishing records in flight, committing, leaving the groups");
     listener.shutdown().await;
+    if let Some(server) = operators_server {
+        server.stop().await;
+    }
     admin.stop().await;
     info!("stopped");
     Ok(())

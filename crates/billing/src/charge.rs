@@ -3,11 +3,12 @@ use std::time::Duration;
 use reqwest::{StatusCode, Url};
 use retry_core::{classify_http_status, FailureKind, HandlerError};
 use retry_kafka::{ConsumedRecord, RecordHandler};
-use serde::Serialize;
+use rust_decimal::Decimal;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 use validator::Validate;
 
-use crate::{excerpt, Error, InvalidEvent, OrderConfirmedEvent, Result};
+use crate::{excerpt, ChargeRules, Currency, Error, InvalidEvent, Money, OrderConfirmedEvent, Result};
 
 /// How much of the provider's answer to a failed charge goes into the
 /// failure's message (and so into logs and the `x-error` header).
@@ -34,39 +35,71 @@ pub struct ProviderConfig {
 pub enum ChargeOutcome {
     /// The provider charged the order now (a 2xx answer).
     Charged,
-    /// The provider had already charged under this event's idempotency key
-    /// (a 409 answer): a redelivered or replayed event.
+    /// The provider answered 409 and, asked about the idempotency key,
+    /// confirmed a completed charge of this order, amount and currency: a
+    /// redelivered or replayed event.
     AlreadyCharged,
 }
 
 /// Charges confirmed orders through the billing provider: the
 /// [`RecordHandler`] for the `orders.confirmed` topic and its retry ladder.
 ///
-/// Each charge is a `POST <base_url>/charges` with the JSON body
-/// `{"order_id", "customer_id", "amount": "120.50"}` and the header
-/// `Idempotency-Key: <event_id>`, so redeliveries never charge twice.
-/// Failures are classified for the retry ladder: invalid events and 4xx
-/// answers are permanent; timeouts, connection failures and 408, 425, 429
-/// and 5xx answers are transient.
+/// The provider's contract (the README's "billing provider contract"):
+///
+/// - `POST <base_url>/charges` with the JSON body `{"order_id",
+///   "customer_id", "amount": "120.50", "currency": "EUR"}` and the header
+///   `Idempotency-Key: <event_id>`. A 2xx answer, and only that, means
+///   charged.
+/// - A 409 means the key is known: already charged, still being processed,
+///   or used for another charge. The handler then asks
+///   `GET <base_url>/charges/<event_id>`, whose 200 answer is
+///   `{"order_id", "amount", "currency", "status"}` with `status` one of
+///   `succeeded`, `pending` or `failed`:
+///   - `succeeded` for the same order, amount and currency is
+///     [`ChargeOutcome::AlreadyCharged`];
+///   - `pending` and `failed` are transient: a retry finds the charge
+///     settled, or charges anew once the failed attempt is over;
+///   - another order, amount or currency under the key is permanent: the
+///     key is not this event's to reuse;
+///   - a 404 (the key is unknown although the charge was refused as a
+///     conflict) is transient.
+///
+/// Before anything is sent, the event must pass the [`ChargeRules`]
+/// (currency accepted, decimals, maximum amount); breaking one is
+/// permanent. Other failures are classified for the retry ladder: invalid
+/// events and 4xx answers are permanent; timeouts, connection failures and
+/// 408, 425, 429 and 5xx answers are transient.
 #[derive(Debug, Clone)]
 pub struct ChargeHandler {
     client: reqwest::Client,
     charges_url: Url,
     timeout: Duration,
+    rules: ChargeRules,
 }
 
 /// The provider's charge request.
 #[derive(Debug, Serialize)]
-struct ChargeRequest {
+struct ChargeRequest<'a> {
     order_id: Uuid,
     customer_id: Uuid,
+    amount: &'a str,
+    currency: Currency,
+}
+
+/// The provider's answer to `GET /charges/<key>`.
+#[derive(Debug, Deserialize)]
+struct ChargeStatus {
+    order_id: String,
     amount: String,
+    currency: String,
+    status: String,
 }
 
 impl ChargeHandler {
-    /// A handler for the provider at `config.base_url`; fails when the URL is
-    /// not a usable http or https base URL or the timeout is zero.
-    pub fn new(config: ProviderConfig) -> Result<Self> {
+    /// A handler for the provider at `config.base_url` that charges what
+    /// `rules` allow; fails when the URL is not a usable http or https base
+    /// URL or the timeout is zero.
+    pub fn new(config: ProviderConfig, rules: ChargeRules) -> Result<Self> {
         let charges_url = charges_url(&config.base_url)?;
         if config.timeout.is_zero() {
             return Err(Error::ZeroTimeout);
@@ -79,7 +112,7 @@ impl ChargeHandler {
             .user_agent(concat!("billing/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(Error::HttpClient)?;
-        Ok(ChargeHandler { client, charges_url, timeout: config.timeout })
+        Ok(ChargeHandler { client, charges_url, timeout: config.timeout, rules })
     }
 
     /// Where charges go: `<base_url>/charges`.
@@ -87,15 +120,24 @@ impl ChargeHandler {
         self.charges_url.as_str()
     }
 
+    /// The business rules it charges under.
+    pub fn rules(&self) -> &ChargeRules {
+        &self.rules
+    }
+
     /// Charges `event.total_amount` for `event.order_id`, once per
     /// `event.event_id`; checks the event's rules first.
     pub async fn charge(&self, event: &OrderConfirmedEvent) -> Result<ChargeOutcome> {
         event.validate().map_err(|errors| Error::InvalidEvent(InvalidEvent::from_validation_errors(errors)))?;
         let (order_id, event_id) = (event.order_id, event.event_id);
+        let money = self.rules.check(event.total_amount, event.currency).inspect_err(|broken| {
+            tracing::error!(%order_id, %event_id, error = %broken, "charge refused by the business rules");
+        })?;
         let request = ChargeRequest {
             order_id: event.order_id,
             customer_id: event.customer_id,
-            amount: event.amount_with_cents(),
+            amount: &money.amount,
+            currency: money.currency,
         };
         let sent = self
             .client
@@ -107,7 +149,7 @@ impl ChargeHandler {
         let response = match sent {
             Ok(response) => response,
             Err(error) => {
-                let error = self.request_error(error);
+                let error = self.request_error(error, "POST", &self.charges_url);
                 tracing::warn!(%order_id, %event_id, error = error.with_causes(), "charge failed without an answer");
                 return Err(error);
             }
@@ -115,32 +157,84 @@ impl ChargeHandler {
 
         let status = response.status();
         if status.is_success() {
-            tracing::info!(%order_id, %event_id, status = status.as_u16(), amount = %request.amount, "charged");
+            tracing::info!(%order_id, %event_id, status = status.as_u16(), amount = %money.amount,
+                           currency = %money.currency, "charged");
             return Ok(ChargeOutcome::Charged);
         }
         if status == StatusCode::CONFLICT {
-            tracing::info!(%order_id, %event_id, status = status.as_u16(), "already charged under this idempotency key");
-            return Ok(ChargeOutcome::AlreadyCharged);
+            let outcome = self.confirm(event, &money).await;
+            match &outcome {
+                Ok(_) => tracing::info!(%order_id, %event_id, "already charged under this idempotency key"),
+                Err(error) => log_failure(error, order_id, event_id),
+            }
+            return outcome;
         }
         // Other 1xx and 3xx (redirects are not followed) confirm nothing, and
         // a retry would get the same answer.
         let kind = classify_http_status(status.as_u16()).unwrap_or(FailureKind::Permanent);
         let error = Error::ProviderAnswered { status: status.as_u16(), kind, body: body_excerpt(response).await };
-        match kind {
-            FailureKind::Transient => {
-                tracing::warn!(%order_id, %event_id, status = status.as_u16(), error = %error, "charge failed, retryable")
-            }
-            FailureKind::Permanent => {
-                tracing::error!(%order_id, %event_id, status = status.as_u16(), error = %error, "charge refused")
-            }
-        }
+        log_failure(&error, order_id, event_id);
         Err(error)
     }
 
-    fn request_error(&self, error: reqwest::Error) -> Error {
-        let url = self.charges_url.to_string();
+    /// After a 409: asks the provider what its charge under the event's
+    /// idempotency key is, and whether it is this event's.
+    async fn confirm(&self, event: &OrderConfirmedEvent, money: &Money) -> Result<ChargeOutcome> {
+        let key = event.event_id.to_string();
+        let mut url = self.charges_url.clone();
+        url.path_segments_mut().expect("the charges URL is a base URL").push(&key);
+        let response = match self.client.get(url.clone()).send().await {
+            Ok(response) => response,
+            Err(error) => return Err(self.request_error(error, "GET", &url)),
+        };
+        let status = response.status();
+        if status == StatusCode::NOT_FOUND {
+            return Err(Error::UnknownKey { key });
+        }
+        if !status.is_success() {
+            let kind = classify_http_status(status.as_u16()).unwrap_or(FailureKind::Permanent);
+            return Err(Error::ConfirmationAnswered {
+                key,
+                status: status.as_u16(),
+                kind,
+                body: body_excerpt(response).await,
+            });
+        }
+        let unreadable = |reason: String| Error::UnreadableConfirmation { key: key.clone(), reason };
+        let body = response.bytes().await.map_err(|e| unreadable(format!("cannot read it: {e}")))?;
+        let theirs: ChargeStatus = serde_json::from_slice(&body).map_err(|e| {
+            unreadable(format!("{e}: {}", excerpt(&String::from_utf8_lossy(&body), MAX_ERROR_BODY_BYTES)))
+        })?;
+        let same_order = theirs.order_id.parse::<Uuid>().is_ok_and(|id| id == event.order_id);
+        let same_amount = theirs.amount.parse::<Decimal>().is_ok_and(|amount| amount == event.total_amount);
+        if !(same_order && same_amount && theirs.currency == money.currency.code()) {
+            let quote = |text: &str| excerpt(text, 64);
+            return Err(Error::KeyReused {
+                key,
+                theirs: format!(
+                    "order {} for {} {}",
+                    quote(&theirs.order_id),
+                    quote(&theirs.amount),
+                    quote(&theirs.currency)
+                ),
+                ours: format!("order {} for {} {}", event.order_id, money.amount, money.currency),
+            });
+        }
+        match theirs.status.as_str() {
+            "succeeded" => Ok(ChargeOutcome::AlreadyCharged),
+            "pending" => Err(Error::ChargePending { key }),
+            "failed" => Err(Error::EarlierChargeFailed { key }),
+            other => Err(unreadable(format!(
+                "status {:?} is none of succeeded, pending, failed",
+                excerpt(other, 64)
+            ))),
+        }
+    }
+
+    fn request_error(&self, error: reqwest::Error, method: &'static str, url: &Url) -> Error {
+        let url = url.to_string();
         if error.is_timeout() {
-            Error::Timeout { url, timeout: self.timeout }
+            Error::Timeout { method, url, timeout: self.timeout }
         } else if error.is_connect() {
             // The URL is in our message already.
             Error::Unreachable { url, source: error.without_url() }
@@ -168,6 +262,13 @@ impl RecordHandler for ChargeHandler {
         })?;
         self.charge(&event).await?;
         Ok(())
+    }
+}
+
+fn log_failure(error: &Error, order_id: Uuid, event_id: Uuid) {
+    match error.failure_kind() {
+        FailureKind::Transient => tracing::warn!(%order_id, %event_id, error = %error, "charge failed, retryable"),
+        FailureKind::Permanent => tracing::error!(%order_id, %event_id, error = %error, "charge refused"),
     }
 }
 

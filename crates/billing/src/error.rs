@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use retry_core::{FailureKind, HandlerError};
 
-use crate::InvalidEvent;
+use crate::{InvalidEvent, RuleBroken};
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -52,10 +52,74 @@ pub enum Error {
         body: String,
     },
 
+    /// The event breaks a business rule ([`ChargeRules`](crate::ChargeRules)).
+    #[error(transparent)]
+    RuleBroken(#[from] RuleBroken),
+
+    /// After a 409, the provider says its charge under the event's
+    /// idempotency key is still being processed.
+    #[error("billing provider is still processing an earlier charge under idempotency key {key}: retry later")]
+    ChargePending {
+        /// The idempotency key (the event id).
+        key: String,
+    },
+
+    /// After a 409, the provider says its charge under the event's
+    /// idempotency key failed: a retry charges anew.
+    #[error("an earlier charge under idempotency key {key} failed at the billing provider: retry to charge again")]
+    EarlierChargeFailed {
+        /// The idempotency key (the event id).
+        key: String,
+    },
+
+    /// After a 409, the provider's charge under the event's idempotency key
+    /// is for another order, amount or currency.
+    #[error("idempotency key {key} belongs to another charge at the billing provider ({theirs}), not to this event's ({ours}): not charged")]
+    KeyReused {
+        /// The idempotency key (the event id).
+        key: String,
+        /// The provider's charge under it.
+        theirs: String,
+        /// This event's.
+        ours: String,
+    },
+
+    /// After a 409, the provider does not know the idempotency key.
+    #[error("billing provider refused the charge as a conflict but does not know idempotency key {key}: retry later")]
+    UnknownKey {
+        /// The idempotency key (the event id).
+        key: String,
+    },
+
+    /// After a 409, asking the provider about the key failed.
+    #[error("billing provider answered {} when asked about idempotency key {key} after a 409{}", status_line(*status), body_suffix(body))]
+    ConfirmationAnswered {
+        /// The idempotency key (the event id).
+        key: String,
+        /// The HTTP status code of the `GET`.
+        status: u16,
+        /// What the status means for a retry.
+        kind: FailureKind,
+        /// The start of the answer.
+        body: String,
+    },
+
+    /// After a 409, the provider's answer about the key is not a charge
+    /// status as the contract has it.
+    #[error("billing provider's answer about idempotency key {key} is not a charge status: {reason}")]
+    UnreadableConfirmation {
+        /// The idempotency key (the event id).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// The provider did not answer within the configured timeout.
-    #[error("billing provider timed out after {timeout:?} (POST {url})")]
+    #[error("billing provider timed out after {timeout:?} ({method} {url})")]
     Timeout {
-        /// Where the charge was sent.
+        /// The request's method.
+        method: &'static str,
+        /// Where the request was sent.
         url: String,
         /// The configured timeout.
         timeout: Duration,
@@ -84,18 +148,28 @@ pub enum Error {
 
 impl Error {
     /// Whether a later attempt may succeed: timeouts, unreachable providers,
-    /// failed requests and 408, 425, 429 and 5xx answers are transient;
-    /// everything else is permanent.
+    /// failed requests, 408, 425, 429 and 5xx answers, and a charge the
+    /// provider still processes or that failed under the key, are transient;
+    /// everything else (invalid events, broken rules, 4xx answers, a key
+    /// used by another charge) is permanent.
     pub fn failure_kind(&self) -> FailureKind {
         match self {
-            Error::ProviderAnswered { kind, .. } => *kind,
-            Error::Timeout { .. } | Error::Unreachable { .. } => FailureKind::Transient,
+            Error::ProviderAnswered { kind, .. } | Error::ConfirmationAnswered { kind, .. } => *kind,
+            Error::Timeout { .. }
+            | Error::Unreachable { .. }
+            | Error::ChargePending { .. }
+            | Error::EarlierChargeFailed { .. }
+            | Error::UnknownKey { .. } => FailureKind::Transient,
             // A request that could not even be built fails the same way next time.
             Error::Request { source, .. } if source.is_builder() => FailureKind::Permanent,
             Error::Request { .. } => FailureKind::Transient,
-            Error::InvalidEvent(_) | Error::InvalidProviderUrl { .. } | Error::ZeroTimeout | Error::HttpClient(_) => {
-                FailureKind::Permanent
-            }
+            Error::InvalidEvent(_)
+            | Error::RuleBroken(_)
+            | Error::KeyReused { .. }
+            | Error::UnreadableConfirmation { .. }
+            | Error::InvalidProviderUrl { .. }
+            | Error::ZeroTimeout
+            | Error::HttpClient(_) => FailureKind::Permanent,
         }
     }
 

@@ -6,7 +6,7 @@ use serde_json::value::RawValue;
 use uuid::Uuid;
 use validator::{Validate, ValidationError, ValidationErrors};
 
-use crate::excerpt;
+use crate::{excerpt, Currency};
 
 /// How much of an offending value a message quotes.
 const QUOTED_BYTES: usize = 64;
@@ -17,8 +17,14 @@ const QUOTED_BYTES: usize = 64;
 /// Its JSON form, as the (Python) order service writes it:
 ///
 /// ```json
-/// {"event_id": "0b9f…", "order_id": "5c1e…", "customer_id": "d2a4…", "total_amount": "120.50"}
+/// {"event_id": "0b9f…", "order_id": "5c1e…", "customer_id": "d2a4…", "total_amount": "120.50", "currency": "EUR"}
 /// ```
+///
+/// The three ids are UUIDs of any version, but never the nil UUID (what a
+/// producer that forgot to set one sends). `currency` is optional: an
+/// active ISO 4217 code in upper case; without it the service's default
+/// currency applies. Whether the amount fits its currency's decimals and
+/// the service's limits is checked when charging ([`crate::ChargeRules`]).
 ///
 /// `total_amount` may be a JSON string (what pydantic writes for decimals)
 /// or a JSON number; either way it is read from its exact text, never
@@ -40,11 +46,14 @@ pub struct OrderConfirmedEvent {
     /// Whom to charge.
     #[serde(deserialize_with = "decode::customer_id")]
     pub customer_id: Uuid,
-    /// What to charge: strictly positive, at most 2 decimal places (trailing
-    /// zeros do not count: `120.500` is read as `120.50`).
+    /// What to charge: strictly positive, with no more decimals than its
+    /// currency has (trailing zeros do not count: `120.500` is `120.50`).
     #[serde(deserialize_with = "decode::total_amount")]
     #[validate(custom(function = "validate_total_amount"))]
     pub total_amount: Decimal,
+    /// The amount's currency; `None` for the service's default currency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<Currency>,
 }
 
 impl OrderConfirmedEvent {
@@ -70,35 +79,11 @@ impl OrderConfirmedEvent {
         Ok(event)
     }
 
-    /// The amount as the billing provider wants it: a decimal string with
-    /// exactly 2 decimals, e.g. `120.50`.
-    ///
-    /// Exact for every valid event; an amount with more decimals (which
-    /// [`from_json`](Self::from_json) rejects) is rounded half to even.
-    pub fn amount_with_cents(&self) -> String {
-        let amount = self.total_amount.normalize();
-        if amount.scale() > 2 {
-            return amount.round_dp(2).to_string();
-        }
-        // Padding the text, not rescaling the value, cannot overflow even
-        // next to `Decimal::MAX`.
-        let mut text = amount.to_string();
-        if amount.scale() == 0 {
-            text.push('.');
-        }
-        for _ in amount.scale()..2 {
-            text.push('0');
-        }
-        text
-    }
 }
 
 fn validate_total_amount(amount: &Decimal) -> Result<(), ValidationError> {
     if *amount <= Decimal::ZERO {
         return Err(rule_broken("positive", format!("total_amount must be positive, got {amount}")));
-    }
-    if amount.normalize().scale() > 2 {
-        return Err(rule_broken("cents", format!("total_amount has more than 2 decimal places: {amount}")));
     }
     Ok(())
 }
@@ -231,7 +216,9 @@ mod decode {
                 AmountProblem::OutOfRange => {
                     format!("total_amount is out of range: {quoted} (at most {})", Decimal::MAX)
                 }
-                AmountProblem::TooPrecise => format!("total_amount has more than 2 decimal places: {quoted}"),
+                AmountProblem::TooPrecise => {
+                    format!("total_amount has more decimal places than any currency has: {quoted}")
+                }
             })
         })
     }
@@ -308,9 +295,11 @@ fn parse_amount(text: &str) -> Result<Decimal, AmountProblem> {
     }
     const MAX_DIGITS: i64 = 29; // Decimal::MAX has 29 digits
     const MAX_SCALE: i64 = Decimal::MAX_SCALE as i64;
-    // Too many digits: if some are past the second decimal, that is what to
-    // report, since the event would be rejected for it anyway.
-    let too_many_digits = if power < -2 { AmountProblem::TooPrecise } else { AmountProblem::OutOfRange };
+    // Too many digits: if some are past the decimals of every currency, that
+    // is what to report, since the event would be rejected for it anyway.
+    const MOST_MINOR_UNITS: i64 = 4;
+    let too_many_digits =
+        if power < -MOST_MINOR_UNITS { AmountProblem::TooPrecise } else { AmountProblem::OutOfRange };
     if power < -MAX_SCALE {
         return Err(AmountProblem::TooPrecise);
     }

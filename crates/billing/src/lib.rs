@@ -7,8 +7,10 @@
 //! - [`OrderConfirmedEvent::from_json`] decodes and validates a payload, or
 //!   says precisely what is wrong with it ([`InvalidEvent`]).
 //! - [`ChargeHandler`] is the [`RecordHandler`](retry_kafka::RecordHandler):
-//!   `POST <base_url>/charges`, and a classification of every failure as
-//!   transient (retry later) or permanent (dead-letter).
+//!   `POST <base_url>/charges` under the [`ChargeRules`] (currencies,
+//!   maximum amount), a confirmation of every 409 with the provider, and a
+//!   classification of every failure as transient (retry later) or
+//!   permanent (dead-letter).
 //!
 //! It is the only crate that knows the billing provider: its URL, its
 //! request format and what its answers mean (which failures are worth
@@ -19,24 +21,28 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use billing::{ChargeHandler, ProviderConfig};
+//! use billing::{ChargeHandler, ChargeRules, ProviderConfig};
 //!
 //! # fn run() -> billing::Result<()> {
-//! let handler = ChargeHandler::new(ProviderConfig {
+//! let provider = ProviderConfig {
 //!     base_url: "https://billing.example.com/v1".to_owned(), // charges go to .../v1/charges
 //!     timeout: Duration::from_secs(10),
 //!     idle_connections: 64, // charges at once
-//! })?;
+//! };
+//! let handler = ChargeHandler::new(provider, ChargeRules::default())?; // EUR, at most 10,000
+//! 
 //! // Hand `handler` to `retry_kafka::Listener::start`.
 //! # Ok(())
 //! # }
 //! ```
 
 mod charge;
+mod currency;
 mod error;
 mod event;
 
 pub use charge::{ChargeHandler, ChargeOutcome, ProviderConfig, MAX_ERROR_BODY_BYTES};
+pub use currency::{ChargeRules, Currency, MaxAmount, Money, RuleBroken};
 pub use error::{Error, Result};
 pub use event::{InvalidEvent, OrderConfirmedEvent};
 

@@ -149,7 +149,8 @@ impl RetryPolicy {
         let failed_attempts = attempts_failed_at(stage);
         let mut next = match stage.rung() {
             // The ladder begins here. A replayed record carries its replay
-            // count forward; a producer's garbage in that header counts as 0.
+            // count and first timestamp forward; a producer's garbage in
+            // those headers counts as none.
             None => RetryHeaders {
                 attempt: failed_attempts,
                 original_topic: self.topology.source_topic().clone(),
@@ -162,6 +163,7 @@ impl RetryPolicy {
                 error: String::new(),
                 dead_letter_reason: None,
                 replay_count: RetryHeaders::decode_replay_count(record.headers).unwrap_or(0),
+                first_timestamp: RetryHeaders::decode_first_timestamp(record.headers).unwrap_or(None),
             },
             Some(rung) => match previous_headers(rung, record.headers) {
                 Ok(previous) => {
@@ -181,6 +183,7 @@ impl RetryPolicy {
                         error: format!("{corrupt}; last failure: {}", error.message()),
                         dead_letter_reason: None,
                         replay_count: 0,
+                        first_timestamp: None,
                     };
                     return self.dead_letter(DeadLetterReason::CorruptRetryHeaders, headers, record.headers);
                 }

@@ -30,9 +30,13 @@ pub mod header_names {
     pub const DEAD_LETTER_REASON: &str = "x-dead-letter-reason";
     /// How many times operators replayed the record from the dead-letter topic.
     pub const REPLAY_COUNT: &str = "x-replay-count";
+    /// The timestamp of the event's first record, before any replay, in ms
+    /// since the epoch: how old its idempotency key may be. Written by a
+    /// replay and carried forward like `x-replay-count`.
+    pub const FIRST_TIMESTAMP: &str = "x-first-timestamp";
 
     /// Every header name above.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         ATTEMPT,
         ORIGINAL_TOPIC,
         ORIGINAL_PARTITION,
@@ -44,6 +48,7 @@ pub mod header_names {
         ERROR,
         DEAD_LETTER_REASON,
         REPLAY_COUNT,
+        FIRST_TIMESTAMP,
     ];
 
     /// Whether `name` is one of ours.
@@ -202,6 +207,9 @@ pub struct RetryHeaders {
     pub dead_letter_reason: Option<DeadLetterReason>,
     /// How often operators replayed the record (0 when the header is absent).
     pub replay_count: u32,
+    /// The timestamp of the event's first record, before any replay
+    /// (absent until the record is replayed).
+    pub first_timestamp: Option<Timestamp>,
 }
 
 impl RetryHeaders {
@@ -230,7 +238,22 @@ impl RetryHeaders {
                 DeadLetterReason::parse(s).ok_or_else(|| HeaderProblem::UnknownValue(s.to_owned()))
             })?,
             replay_count: optional(headers, names::REPLAY_COUNT, parse_number)?.unwrap_or(0),
+            first_timestamp: optional(headers, names::FIRST_TIMESTAMP, parse_timestamp)?,
         })
+    }
+
+    /// Decodes only `x-first-timestamp`: carried forward on a source topic
+    /// after a replay, with `x-replay-count`.
+    pub fn decode_first_timestamp(headers: &Headers) -> Result<Option<Timestamp>> {
+        optional(headers, names::FIRST_TIMESTAMP, parse_timestamp)
+    }
+
+    /// When the event was first produced, as far as these headers know: the
+    /// first record before any replay, else this pass's original record,
+    /// else (a record without a timestamp) its first failure. The age of
+    /// its idempotency key downstream is at most the time since then.
+    pub fn first_seen(&self) -> Timestamp {
+        self.first_timestamp.or(self.original_timestamp).unwrap_or(self.first_failure_at)
     }
 
     /// Decodes only `x-replay-count` (0 when absent): the one header a record
@@ -263,6 +286,9 @@ impl RetryHeaders {
             put(names::DEAD_LETTER_REASON, reason.as_str().to_owned());
         }
         put(names::REPLAY_COUNT, self.replay_count.to_string());
+        if let Some(t) = self.first_timestamp {
+            put(names::FIRST_TIMESTAMP, t.as_millis().to_string());
+        }
     }
 }
 
@@ -338,6 +364,7 @@ mod tests {
             error: "provider answered 503".into(),
             dead_letter_reason: None,
             replay_count: 0,
+            first_timestamp: None,
         }
     }
 
@@ -483,7 +510,11 @@ mod tests {
             (any::<u32>(), "[a-zA-Z0-9._-]{1,249}", 0..=i32::MAX, 0..=i64::MAX),
             (proptest::option::of(ts()), ts(), proptest::option::of(ts())),
             (prop_oneof![Just(FailureKind::Transient), Just(FailureKind::Permanent)], "\\PC{0,600}"),
-            (proptest::option::of(proptest::sample::select(DeadLetterReason::ALL.to_vec())), any::<u32>()),
+            (
+                proptest::option::of(proptest::sample::select(DeadLetterReason::ALL.to_vec())),
+                any::<u32>(),
+                proptest::option::of(ts()),
+            ),
         )
             .prop_filter_map("topic names . and .. are invalid", |(a, b, c, d)| {
                 Some(RetryHeaders {
@@ -498,6 +529,7 @@ mod tests {
                     error: c.1,
                     dead_letter_reason: d.0,
                     replay_count: d.1,
+                    first_timestamp: d.2,
                 })
             })
     }
@@ -530,6 +562,7 @@ mod tests {
             let headers: Headers = raw.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
             let _ = RetryHeaders::decode(&headers);
             let _ = RetryHeaders::decode_replay_count(&headers);
+            let _ = RetryHeaders::decode_first_timestamp(&headers);
         }
     }
 }

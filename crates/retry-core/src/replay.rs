@@ -1,5 +1,8 @@
-//! Replaying a dead-lettered record: which topic it goes back to and which
-//! headers it carries there. Operators decide to replay; this only says how.
+//! Replaying a dead-lettered record: which topic it goes back to, which
+//! headers it carries there, and the guards that refuse it. Operators
+//! decide to replay; this only says how, and when not.
+
+use std::time::Duration;
 
 use crate::{header_names as names, Headers, RetryHeaders, RetryPolicy, Timestamp, TopicName};
 
@@ -12,6 +15,19 @@ pub enum ReplayTarget {
     Source,
     /// The first retry topic.
     FirstRetry,
+}
+
+/// The guards a replay applies to each record; `None` lifts a guard, which
+/// an operator must ask for explicitly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReplayGuards {
+    /// The loop guard: refuse records replayed this many times already.
+    pub max_replays: Option<u32>,
+    /// The idempotency window: refuse records whose event was first produced
+    /// this long ago or longer, since the downstream may have forgotten its
+    /// idempotency key and would act on it twice (providers keep keys for
+    /// about a day).
+    pub max_age: Option<Duration>,
 }
 
 /// Why a record may not be replayed.
@@ -27,6 +43,19 @@ pub enum ReplayRefused {
     },
     /// Its retry headers cannot be decoded, which a replay to the first rung needs.
     CorruptHeaders(crate::Error),
+    /// Its event was first produced longer ago than the idempotency window.
+    OutsideIdempotencyWindow {
+        /// How long ago (zero for a timestamp in the future).
+        age: Duration,
+        /// The window.
+        window: Duration,
+    },
+    /// The idempotency window applies but the record's age is unknown: it
+    /// has no retry headers to tell it.
+    UnknownAge {
+        /// The window.
+        window: Duration,
+    },
 }
 
 impl std::fmt::Display for ReplayRefused {
@@ -36,7 +65,31 @@ impl std::fmt::Display for ReplayRefused {
                 write!(f, "replayed {count} times already (at most {max}): override the loop guard to replay it again")
             }
             ReplayRefused::CorruptHeaders(e) => write!(f, "cannot be replayed to the first retry topic: {e}"),
+            ReplayRefused::OutsideIdempotencyWindow { age, window } => write!(
+                f,
+                "first produced {} ago, outside the {} idempotency window: the downstream may no longer \
+                 recognise its idempotency key and act twice; override the idempotency window to replay it",
+                roughly(*age),
+                crate::schedule::label_of(*window)
+            ),
+            ReplayRefused::UnknownAge { window } => write!(
+                f,
+                "its age is unknown (no retry headers), so it may be outside the {} idempotency window: \
+                 override the idempotency window to replay it",
+                crate::schedule::label_of(*window)
+            ),
         }
+    }
+}
+
+/// `d` for people: `25h03m`, `4m10s`, `12s`, `350ms`.
+fn roughly(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        3600.. => format!("{}h{:02}m", secs / 3600, secs % 3600 / 60),
+        60.. => format!("{}m{:02}s", secs / 60, secs % 60),
+        1.. => format!("{secs}s"),
+        0 => format!("{}ms", d.as_millis()),
     }
 }
 
@@ -61,33 +114,57 @@ impl RetryPolicy {
     /// To the first rung, the record looks as if its first attempt had just
     /// failed: attempt 1, due now, with its original coordinates and error.
     ///
-    /// Refused when the record was replayed `max_replays` times already (a
-    /// loop guard; `None` lifts it, except at `u32::MAX` replays, where the
-    /// count cannot go up), or, to the first rung, when its retry headers
+    /// Both carry `x-first-timestamp`, when the event was first produced.
+    ///
+    /// Refused when the record was replayed `guards.max_replays` times
+    /// already (a loop guard; `None` lifts it, except at `u32::MAX` replays,
+    /// where the count cannot go up); when its event was first produced
+    /// `guards.max_age` ago or longer, or its age is unknown (the
+    /// idempotency window); or, to the first rung, when its retry headers
     /// cannot be decoded.
     pub fn replay_headers(
         &self,
         headers: &Headers,
         target: ReplayTarget,
         now: Timestamp,
-        max_replays: Option<u32>,
+        guards: ReplayGuards,
     ) -> Result<Headers, ReplayRefused> {
         let count = RetryHeaders::decode_replay_count(headers).unwrap_or(0);
-        let max = max_replays.unwrap_or(u32::MAX);
+        let max = guards.max_replays.unwrap_or(u32::MAX);
         if count >= max {
             return Err(ReplayRefused::TooOftenReplayed { count, max });
+        }
+        let decoded = RetryHeaders::decode(headers);
+        let first_seen = match &decoded {
+            Ok(previous) => Some(previous.first_seen()),
+            Err(_) => RetryHeaders::decode_first_timestamp(headers).unwrap_or(None),
+        };
+        if let Some(window) = guards.max_age {
+            let Some(first_seen) = first_seen else {
+                return Err(ReplayRefused::UnknownAge { window });
+            };
+            let age = Duration::from_millis(now.as_millis().saturating_sub(first_seen.as_millis()).max(0) as u64);
+            if age >= window {
+                return Err(ReplayRefused::OutsideIdempotencyWindow { age, window });
+            }
         }
         let count = count.saturating_add(1);
         let mut out = headers.without_retry_headers();
         match target {
-            ReplayTarget::Source => out.insert(names::REPLAY_COUNT, count.to_string()),
+            ReplayTarget::Source => {
+                out.insert(names::REPLAY_COUNT, count.to_string());
+                if let Some(first_seen) = first_seen {
+                    out.insert(names::FIRST_TIMESTAMP, first_seen.as_millis().to_string());
+                }
+            }
             ReplayTarget::FirstRetry => {
-                let previous = RetryHeaders::decode(headers).map_err(ReplayRefused::CorruptHeaders)?;
+                let previous = decoded.map_err(ReplayRefused::CorruptHeaders)?;
                 let replayed = RetryHeaders {
                     attempt: 1,
                     due_at: Some(now),
                     dead_letter_reason: None,
                     replay_count: count,
+                    first_timestamp: Some(previous.first_seen()),
                     ..previous
                 };
                 replayed.encode_into(&mut out);
@@ -101,6 +178,10 @@ impl RetryPolicy {
 mod tests {
     use super::*;
     use crate::{FailureKind, PolicyConfig, RecordMeta, RetrySchedule, RetryTopology, Stage};
+
+    fn loop_guard(max_replays: Option<u32>) -> ReplayGuards {
+        ReplayGuards { max_replays, max_age: None }
+    }
 
     fn policy() -> RetryPolicy {
         let schedule: RetrySchedule = "5s,30s".parse().unwrap();
@@ -123,6 +204,7 @@ mod tests {
             error: "503".into(),
             dead_letter_reason: Some(crate::DeadLetterReason::RetriesExhausted),
             replay_count: replays,
+            first_timestamp: None,
         }
         .encode_into(&mut h);
         h
@@ -142,7 +224,7 @@ mod tests {
         ] {
             for target in [ReplayTarget::Source, ReplayTarget::FirstRetry] {
                 let got = p
-                    .replay_headers(&dead_letter(count), target, now, max)
+                    .replay_headers(&dead_letter(count), target, now, loop_guard(max))
                     .map(|h| RetryHeaders::decode_replay_count(&h).unwrap());
                 assert_eq!(got, expected, "count {count}, guard {max:?}, {target:?}");
             }
@@ -162,16 +244,21 @@ mod tests {
     #[test]
     fn to_the_source_the_ladder_starts_over() {
         let p = policy();
-        let h = p.replay_headers(&dead_letter(0), ReplayTarget::Source, Timestamp::from_millis(500), Some(3)).unwrap();
+        let h = p
+            .replay_headers(&dead_letter(0), ReplayTarget::Source, Timestamp::from_millis(500), loop_guard(Some(3)))
+            .unwrap();
         let names: Vec<&str> = h.iter().map(|(k, _)| k).collect();
-        assert_eq!(names, ["traceparent", "x-replay-count"]);
+        assert_eq!(names, ["traceparent", "x-replay-count", "x-first-timestamp"]);
+        // No original timestamp: the first failure is the oldest time known.
+        assert_eq!(h.get("x-first-timestamp"), Some(&b"100"[..]));
         assert_eq!(h.get("x-replay-count"), Some(&b"1"[..]));
         // The source keeps the count when the record fails again.
         let record = RecordMeta { topic: "o", partition: 0, offset: 1, timestamp: None, headers: &h };
         let failed = Err(crate::HandlerError::transient("again"));
         match p.decide(Stage::SOURCE, &record, &failed, Timestamp::from_millis(600)) {
             crate::Decision::Retry { headers, .. } => {
-                assert_eq!(RetryHeaders::decode(&headers).unwrap().replay_count, 1)
+                let decoded = RetryHeaders::decode(&headers).unwrap();
+                assert_eq!((decoded.replay_count, decoded.first_timestamp), (1, Some(Timestamp::from_millis(100))));
             }
             other => panic!("{other:?}"),
         }
@@ -181,7 +268,7 @@ mod tests {
     fn to_the_first_rung_it_is_due_at_once_as_attempt_one() {
         let p = policy();
         let now = Timestamp::from_millis(500);
-        let h = p.replay_headers(&dead_letter(1), ReplayTarget::FirstRetry, now, Some(3)).unwrap();
+        let h = p.replay_headers(&dead_letter(1), ReplayTarget::FirstRetry, now, loop_guard(Some(3))).unwrap();
         let decoded = RetryHeaders::decode(&h).unwrap();
         assert_eq!((decoded.attempt, decoded.due_at, decoded.replay_count), (1, Some(now), 2));
         assert_eq!((decoded.original_partition, decoded.original_offset), (1, 9));
@@ -196,16 +283,92 @@ mod tests {
         let p = policy();
         let now = Timestamp::from_millis(500);
         assert_eq!(
-            p.replay_headers(&dead_letter(3), ReplayTarget::Source, now, Some(3)),
+            p.replay_headers(&dead_letter(3), ReplayTarget::Source, now, loop_guard(Some(3))),
             Err(ReplayRefused::TooOftenReplayed { count: 3, max: 3 })
         );
-        assert!(p.replay_headers(&dead_letter(3), ReplayTarget::Source, now, None).is_ok());
+        assert!(p.replay_headers(&dead_letter(3), ReplayTarget::Source, now, loop_guard(None)).is_ok());
         let mut corrupt = dead_letter(0);
         corrupt.insert("x-original-offset", "lots");
         assert!(matches!(
-            p.replay_headers(&corrupt, ReplayTarget::FirstRetry, now, Some(3)),
+            p.replay_headers(&corrupt, ReplayTarget::FirstRetry, now, loop_guard(Some(3))),
             Err(ReplayRefused::CorruptHeaders(_))
         ));
-        assert!(p.replay_headers(&corrupt, ReplayTarget::Source, now, Some(3)).is_ok());
+        assert!(p.replay_headers(&corrupt, ReplayTarget::Source, now, loop_guard(Some(3))).is_ok());
+    }
+
+    const HOUR: u64 = 3_600_000;
+
+    /// A dead letter whose event was first produced at `first` (ms), through
+    /// which headers.
+    fn aged(first: i64, through: &str) -> Headers {
+        let mut h = dead_letter(0);
+        let mut decoded = RetryHeaders::decode(&h).unwrap();
+        decoded.first_failure_at = Timestamp::from_millis(first + 10);
+        match through {
+            "original" => decoded.original_timestamp = Some(Timestamp::from_millis(first)),
+            // Replayed once: this pass's original record is recent, the event is not.
+            "replayed" => {
+                decoded.original_timestamp = Some(Timestamp::from_millis(first + 20 * HOUR as i64));
+                decoded.first_timestamp = Some(Timestamp::from_millis(first));
+            }
+            _ => {}
+        }
+        decoded.encode_into(&mut h);
+        h
+    }
+
+    /// The idempotency window measures from the event's first record, across
+    /// replays, and refuses what it cannot date.
+    #[test]
+    fn the_idempotency_window() {
+        let p = policy();
+        let now = Timestamp::from_millis(100 * HOUR as i64);
+        let window = Some(Duration::from_millis(24 * HOUR));
+        let guards = |max_age| ReplayGuards { max_replays: Some(3), max_age };
+        let outside = |age_ms: u64| {
+            Err(ReplayRefused::OutsideIdempotencyWindow {
+                age: Duration::from_millis(age_ms),
+                window: Duration::from_millis(24 * HOUR),
+            })
+        };
+        let mut foreign = Headers::new();
+        foreign.insert("traceparent", "abc");
+        let table: Vec<(&str, Headers, Option<Duration>, Result<(), ReplayRefused>)> = vec![
+            ("an hour old", aged(99 * HOUR as i64, "original"), window, Ok(())),
+            ("just inside", aged(76 * HOUR as i64 + 1, "original"), window, Ok(())),
+            ("exactly the window", aged(76 * HOUR as i64, "original"), window, outside(24 * HOUR)),
+            ("two days old", aged(52 * HOUR as i64, "original"), window, outside(48 * HOUR)),
+            ("two days old, window lifted", aged(52 * HOUR as i64, "original"), None, Ok(())),
+            ("replayed, recent pass of an old event", aged(60 * HOUR as i64, "replayed"), window, outside(40 * HOUR)),
+            ("no timestamps: dated by its first failure", aged(60 * HOUR as i64, "none"), window, outside(40 * HOUR - 10)),
+            ("from the future", aged(101 * HOUR as i64, "original"), window, Ok(())),
+            ("no retry headers", foreign.clone(), window, Err(ReplayRefused::UnknownAge { window: Duration::from_millis(24 * HOUR) })),
+            ("no retry headers, window lifted", foreign, None, Ok(())),
+        ];
+        for (case, headers, max_age, expected) in table {
+            let got = p.replay_headers(&headers, ReplayTarget::Source, now, guards(max_age)).map(|_| ());
+            assert_eq!(got, expected, "{case}");
+        }
+        assert_eq!(
+            outside(40 * HOUR + 61_000).unwrap_err().to_string(),
+            "first produced 40h01m ago, outside the 24h idempotency window: the downstream may no longer \
+             recognise its idempotency key and act twice; override the idempotency window to replay it"
+        );
+    }
+
+    /// The event's first timestamp survives a replay and the ladder after it.
+    #[test]
+    fn the_first_timestamp_is_carried_across_replays() {
+        let p = policy();
+        let first = 52 * HOUR as i64;
+        let now = Timestamp::from_millis(60 * HOUR as i64);
+        for target in [ReplayTarget::Source, ReplayTarget::FirstRetry] {
+            let h = p.replay_headers(&aged(first, "original"), target, now, loop_guard(None)).unwrap();
+            assert_eq!(
+                RetryHeaders::decode_first_timestamp(&h),
+                Ok(Some(Timestamp::from_millis(first))),
+                "{target:?}"
+            );
+        }
     }
 }

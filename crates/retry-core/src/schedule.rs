@@ -172,7 +172,7 @@ fn parse_delay(s: &str) -> Result<Duration, String> {
 }
 
 /// The largest unit that expresses `delay` exactly: one label per delay.
-fn label_of(delay: Duration) -> String {
+pub(crate) fn label_of(delay: Duration) -> String {
     let ms = delay.as_millis();
     let (unit, per_unit) = UNITS
         .iter()

@@ -54,7 +54,10 @@ mod stats;
 use std::time::Duration;
 
 pub use admin::{
-    dead_letters::{DeadLetter, DeadLetterAdmin, DeadLetterStatus, PartitionStatus, ReplayReport, ReplayRequest},
+    dead_letters::{
+        Acknowledgement, BrowsePage, DeadLetter, DeadLetterAdmin, DeadLetterStatus, PartitionReplay, PartitionStatus,
+        ReplayReport, ReplayRequest, SkippedRecord, MAX_SKIPPED_SHOWN,
+    },
     offsets::GroupOffsets,
     topics::{Created, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec},
 };

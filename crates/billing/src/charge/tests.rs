@@ -9,6 +9,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{ChargeHandler, ChargeOutcome, ProviderConfig};
+use crate::{ChargeRules, Currency};
 use crate::{Error, OrderConfirmedEvent};
 
 const EVENT_ID: &str = "0b9f6c1e-8a52-4c0e-9a0b-6d2f3b1c4e5a";
@@ -70,10 +71,18 @@ struct FakeProvider {
 }
 
 impl FakeProvider {
+    /// Answers every request with `answer`.
     async fn start(answer: Answer) -> Self {
+        FakeProvider::start_with(answer.clone(), answer).await
+    }
+
+    /// Answers charges (`POST`) with `post` and questions about a key
+    /// (`GET`) with `get`.
+    async fn start_with(post: Answer, get: Answer) -> Self {
         let (seen, requests) = mpsc::unbounded_channel();
         let app = axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-            let (seen, answer) = (seen.clone(), answer.clone());
+            let answer = if method == Method::GET { get.clone() } else { post.clone() };
+            let seen = seen.clone();
             async move {
                 let header = |name: &str| headers.get(name).map(|value| value.to_str().unwrap().to_owned());
                 let _ = seen.send(SeenRequest {
@@ -96,11 +105,10 @@ impl FakeProvider {
     }
 
     fn handler(&self, base_path: &str, timeout: Duration) -> ChargeHandler {
-        ChargeHandler::new(ProviderConfig {
-            base_url: format!("{}{base_path}", self.base_url),
-            timeout,
-            idle_connections: 8,
-        })
+        ChargeHandler::new(
+            ProviderConfig { base_url: format!("{}{base_path}", self.base_url), timeout, idle_connections: 8 },
+            rules(),
+        )
         .unwrap()
     }
 
@@ -110,6 +118,11 @@ impl FakeProvider {
         assert!(self.requests.try_recv().is_err(), "the provider got more than one request");
         request
     }
+}
+
+/// Euros (the default) and yen, at most 10,000 EUR or 1,500,000 JPY.
+fn rules() -> ChargeRules {
+    ChargeRules::new(vec![Currency::EUR, "JPY".parse().unwrap()], "EUR=10000,JPY=1500000".parse().unwrap()).unwrap()
 }
 
 async fn bounded<F: Future>(future: F) -> F::Output {
@@ -129,7 +142,10 @@ async fn charges_post_the_amount_with_cents_under_the_event_id_as_idempotency_ke
     assert_eq!(request.path, "/v1/charges");
     assert_eq!(request.idempotency_key.as_deref(), Some(EVENT_ID));
     assert_eq!(request.content_type.as_deref(), Some("application/json"));
-    assert_eq!(request.body, json!({"order_id": ORDER_ID, "customer_id": CUSTOMER_ID, "amount": "120.50"}));
+    assert_eq!(
+        request.body,
+        json!({"order_id": ORDER_ID, "customer_id": CUSTOMER_ID, "amount": "120.50", "currency": "EUR"})
+    );
 }
 
 #[tokio::test]
@@ -141,8 +157,6 @@ async fn provider_answers() {
         (answer(201, r#"{"id":"ch_1"}"#), Ok(())),
         (answer(200, ""), Ok(())),
         (answer(204, ""), Ok(())),
-        // Already charged under this idempotency key: a redelivery.
-        (answer(409, r#"{"error":"idempotency key already used"}"#), Ok(())),
         (
             answer(503, r#"{"error":"overloaded"}"#),
             transient(r#"billing provider answered 503 Service Unavailable: {"error":"overloaded"}"#),
@@ -179,11 +193,90 @@ async fn provider_answers() {
     }
 }
 
+/// The provider's answer to `GET /charges/<key>`.
+fn status_body(order_id: &str, amount: &str, currency: &str, status: &str) -> String {
+    json!({"order_id": order_id, "amount": amount, "currency": currency, "status": status}).to_string()
+}
+
+/// A 409 is never taken as a charge on its own: the handler asks the
+/// provider about the key, and only a completed charge of this very order,
+/// amount and currency counts as charged.
+#[tokio::test]
+async fn conflicts_are_confirmed_with_the_provider() {
+    let other_order = "7d1e2d3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f";
+    let reused = |theirs: &str| {
+        Err(HandlerError::permanent(format!(
+            "idempotency key {EVENT_ID} belongs to another charge at the billing provider ({theirs}), \
+             not to this event's (order {ORDER_ID} for 120.50 EUR): not charged"
+        )))
+    };
+    let unreadable = |reason: &str| {
+        Err(HandlerError::permanent(format!(
+            "billing provider's answer about idempotency key {EVENT_ID} is not a charge status: {reason}"
+        )))
+    };
+    let table: Vec<(Answer, Result<(), HandlerError>)> = vec![
+        (answer(200, &status_body(ORDER_ID, "120.50", "EUR", "succeeded")), Ok(())),
+        // The same amount written otherwise is the same amount.
+        (answer(200, &status_body(ORDER_ID, "120.5", "EUR", "succeeded")), Ok(())),
+        (
+            answer(200, &status_body(ORDER_ID, "120.50", "EUR", "pending")),
+            Err(HandlerError::transient(format!(
+                "billing provider is still processing an earlier charge under idempotency key {EVENT_ID}: retry later"
+            ))),
+        ),
+        (
+            answer(200, &status_body(ORDER_ID, "120.50", "EUR", "failed")),
+            Err(HandlerError::transient(format!(
+                "an earlier charge under idempotency key {EVENT_ID} failed at the billing provider: retry to charge again"
+            ))),
+        ),
+        (
+            answer(200, &status_body(other_order, "120.50", "EUR", "succeeded")),
+            reused(&format!("order {other_order} for 120.50 EUR")),
+        ),
+        (answer(200, &status_body(ORDER_ID, "99.00", "EUR", "succeeded")), reused(&format!("order {ORDER_ID} for 99.00 EUR"))),
+        (answer(200, &status_body(ORDER_ID, "120.50", "JPY", "pending")), reused(&format!("order {ORDER_ID} for 120.50 JPY"))),
+        (
+            answer(404, ""),
+            Err(HandlerError::transient(format!(
+                "billing provider refused the charge as a conflict but does not know idempotency key {EVENT_ID}: retry later"
+            ))),
+        ),
+        (
+            answer(503, "busy"),
+            Err(HandlerError::transient(format!(
+                "billing provider answered 503 Service Unavailable when asked about idempotency key {EVENT_ID} after a 409: busy"
+            ))),
+        ),
+        (
+            answer(403, ""),
+            Err(HandlerError::permanent(format!(
+                "billing provider answered 403 Forbidden when asked about idempotency key {EVENT_ID} after a 409"
+            ))),
+        ),
+        (answer(200, &status_body(ORDER_ID, "120.50", "EUR", "done")), unreadable(r#"status "done" is none of succeeded, pending, failed"#)),
+        (answer(200, r#"{"status":"succeeded"}"#), unreadable(r#"missing field `order_id` at line 1 column 22: {"status":"succeeded"}"#)),
+        (answer(200, "charged"), unreadable("expected value at line 1 column 1: charged")),
+    ];
+    for (get, expected) in table {
+        let mut provider = FakeProvider::start_with(answer(409, r#"{"error":"key in use"}"#), get.clone()).await;
+        let handler = provider.handler("/v1", Duration::from_secs(10));
+        let outcome = bounded(handler.handle(record(Some(event_json("120.50").as_bytes())))).await;
+        assert_eq!(outcome, expected, "{get:?}");
+        let post = provider.requests.try_recv().expect("the charge");
+        let confirm = provider.requests.try_recv().expect("the question about the key");
+        assert_eq!((post.method, confirm.method), (Method::POST, Method::GET));
+        assert_eq!(confirm.path, format!("/v1/charges/{EVENT_ID}"));
+    }
+}
+
 #[tokio::test]
 async fn charge_tells_new_charges_from_redeliveries() {
     let event = OrderConfirmedEvent::from_json(event_json("120.50").as_bytes()).unwrap();
+    let succeeded = answer(200, &status_body(ORDER_ID, "120.50", "EUR", "succeeded"));
     for (status, expected) in [(201, ChargeOutcome::Charged), (409, ChargeOutcome::AlreadyCharged)] {
-        let provider = FakeProvider::start(answer(status, "")).await;
+        let provider = FakeProvider::start_with(answer(status, ""), succeeded.clone()).await;
         let handler = provider.handler("/", Duration::from_secs(10));
         assert_eq!(bounded(handler.charge(&event)).await.unwrap(), expected, "{status}");
     }
@@ -205,11 +298,10 @@ async fn a_provider_slower_than_the_timeout_is_a_transient_failure() {
 async fn an_unreachable_provider_is_a_transient_failure() {
     // A port that was just free; nothing listens on it any more.
     let address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let handler = ChargeHandler::new(ProviderConfig {
-        base_url: format!("http://{address}"),
-        timeout: Duration::from_secs(10),
-        idle_connections: 8,
-    })
+    let handler = ChargeHandler::new(
+        ProviderConfig { base_url: format!("http://{address}"), timeout: Duration::from_secs(10), idle_connections: 8 },
+        rules(),
+    )
     .unwrap();
 
     let error = bounded(handler.handle(record(Some(event_json("120.50").as_bytes())))).await.unwrap_err();
@@ -223,13 +315,21 @@ async fn an_unreachable_provider_is_a_transient_failure() {
 #[tokio::test]
 async fn invalid_events_are_permanent_failures_and_charge_nothing() {
     let (negative, too_precise) = (event_json("-5.00"), event_json("1.005"));
+    let in_dollars = event_json("5").replace('{', r#"{"currency":"USD","#);
+    let (too_much, yen_cents) =
+        (event_json("1E+9"), event_json("1200.50").replace('{', r#"{"currency":"JPY","#));
     let table: &[(Option<&[u8]>, &str)] = &[
         (None, "record has no value: expected an OrderConfirmedEvent JSON object"),
         (Some(b""), "payload is empty: expected an OrderConfirmedEvent JSON object"),
         (Some(b"{}"), "missing field event_id"),
         (Some(b"not json"), "invalid JSON at line 1 column 2: expected ident"),
         (Some(negative.as_bytes()), "total_amount must be positive, got -5.00"),
-        (Some(too_precise.as_bytes()), "total_amount has more than 2 decimal places: 1.005"),
+    ];
+    let broken: &[(&[u8], &str)] = &[
+        (too_precise.as_bytes(), "total_amount 1.005 has more decimal places than EUR has (2)"),
+        (yen_cents.as_bytes(), "total_amount 1200.50 has more decimal places than JPY has (0)"),
+        (too_much.as_bytes(), "total_amount 1000000000.00 EUR is above the maximum charge of 10000 EUR: not charged"),
+        (in_dollars.as_bytes(), "currency USD is not accepted (accepted: EUR, JPY)"),
     ];
     let mut provider = FakeProvider::start(answer(201, "")).await;
     let handler = provider.handler("", Duration::from_secs(10));
@@ -238,9 +338,13 @@ async fn invalid_events_are_permanent_failures_and_charge_nothing() {
         let expected = HandlerError::permanent(format!("invalid order-confirmed event: {message}"));
         assert_eq!(outcome, Err(expected), "{value:?}");
     }
+    for &(value, message) in broken {
+        let outcome = bounded(handler.handle(record(Some(value)))).await;
+        assert_eq!(outcome, Err(HandlerError::permanent(message)), "{}", String::from_utf8_lossy(value));
+    }
     // Events built in code are checked too.
     let mut event = OrderConfirmedEvent::from_json(event_json("1.00").as_bytes()).unwrap();
-    event.total_amount = "0.001".parse().unwrap();
+    event.total_amount = "-0.01".parse().unwrap();
     let error = bounded(handler.charge(&event)).await.unwrap_err();
     assert!(matches!(error, Error::InvalidEvent(_)), "{error:?}");
 
@@ -301,7 +405,8 @@ fn provider_configs() {
         ),
     ];
     for &(base_url, expected) in table {
-        let actual = ChargeHandler::new(ProviderConfig { base_url: base_url.to_owned(), timeout, idle_connections: 8 });
+        let actual =
+            ChargeHandler::new(ProviderConfig { base_url: base_url.to_owned(), timeout, idle_connections: 8 }, rules());
         match (actual, expected) {
             (Ok(handler), Ok(url)) => assert_eq!(handler.charges_url(), url, "{base_url}"),
             (Err(error), Err(message)) => assert_eq!(error.to_string(), message, "{base_url}"),
@@ -309,10 +414,9 @@ fn provider_configs() {
         }
     }
 
-    let zero = ChargeHandler::new(ProviderConfig {
-        base_url: "http://127.0.0.1".to_owned(),
-        timeout: Duration::ZERO,
-        idle_connections: 8,
-    });
+    let zero = ChargeHandler::new(
+        ProviderConfig { base_url: "http://127.0.0.1".to_owned(), timeout: Duration::ZERO, idle_connections: 8 },
+        rules(),
+    );
     assert!(matches!(zero, Err(Error::ZeroTimeout)), "{zero:?}");
 }

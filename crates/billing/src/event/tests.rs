@@ -3,6 +3,7 @@ use rust_decimal::Decimal;
 use uuid::Uuid;
 
 use super::OrderConfirmedEvent;
+use crate::Currency;
 
 const EVENT_ID: &str = "0b9f6c1e-8a52-4c0e-9a0b-6d2f3b1c4e5a";
 const ORDER_ID: &str = "5c1e2d3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f";
@@ -65,10 +66,10 @@ fn amounts() {
         ("-0", Err("total_amount must be positive, got 0")),
         (r#""-1""#, Err("total_amount must be positive, got -1")),
         ("-5.00", Err("total_amount must be positive, got -5.00")),
-        (r#""1.005""#, Err("total_amount has more than 2 decimal places: 1.005")),
-        ("1.005", Err("total_amount has more than 2 decimal places: 1.005")),
-        ("0.001", Err("total_amount has more than 2 decimal places: 0.001")),
-        ("1.25e-1", Err("total_amount has more than 2 decimal places: 0.125")),
+        // Whether the decimals fit the currency is checked when charging
+        // (`ChargeRules::check`): KWD has three.
+        (r#""1.005""#, Ok("1.005")),
+        ("1.25e-1", Ok("0.125")),
         ("-1.005", Err("total_amount must be positive, got -1.005")),
         // Beyond what a decimal holds.
         (
@@ -81,10 +82,10 @@ fn amounts() {
             "123456789012345678901234567890.5",
             Err("total_amount is out of range: 123456789012345678901234567890.5 (at most 79228162514264337593543950335)"),
         ),
-        ("1e-999999999", Err("total_amount has more than 2 decimal places: 1e-999999999")),
+        ("1e-999999999", Err("total_amount has more decimal places than any currency has: 1e-999999999")),
         (
             "0.00000000000000000000000000000001",
-            Err("total_amount has more than 2 decimal places: 0.00000000000000000000000000000001"),
+            Err("total_amount has more decimal places than any currency has: 0.00000000000000000000000000000001"),
         ),
         // Not decimals.
         (r#""NaN""#, Err(r#"total_amount is not a decimal number: "NaN""#)),
@@ -114,6 +115,13 @@ fn payloads() {
         (valid.clone().into(), Ok("120.50")),
         // Forward-compatible: fields we do not know yet are ignored.
         (valid.replace("{", r#"{"currency":"EUR","lines":[{"sku":"A-1"}],"#).into(), Ok("120.50")),
+        (valid.replace("{", r#"{"currency":"XYZ","#).into(), Err("XYZ is not an active ISO 4217 currency code")),
+        (
+            valid.replace("{", r#"{"currency":"eur","#).into(),
+            Err(r#""eur" is not a currency code: expected three upper-case letters such as EUR"#),
+        ),
+        (valid.replace("{", r#"{"currency":null,"#).into(), Ok("120.50")),
+        (valid.replace("{", r#"{"currency":978,"#).into(), Err("invalid type: integer `978`, expected a string")),
         // Formatting does not matter.
         (format!("\n  {}\n", valid.replace(",", ",\n  ")).into(), Ok("120.50")),
         // Uppercase and simple-format UUIDs are UUIDs.
@@ -175,7 +183,7 @@ fn payloads() {
 }
 
 #[test]
-fn amounts_with_cents() {
+fn amounts_in_euros() {
     let table: &[(&str, &str)] = &[
         ("120.50", "120.50"),
         ("120.5", "120.50"),
@@ -186,20 +194,17 @@ fn amounts_with_cents() {
     ];
     for &(amount, expected) in table {
         let event = OrderConfirmedEvent::from_json(with_amount(amount).as_bytes()).unwrap();
-        assert_eq!(event.amount_with_cents(), expected, "{amount}");
+        assert_eq!(Currency::EUR.format(event.total_amount).as_deref(), Some(expected), "{amount}");
     }
 }
 
 fn valid_event() -> impl Strategy<Value = OrderConfirmedEvent> {
     let amount = (1..=i128::from(u64::MAX) * 1_000, 0..=2u32)
         .prop_map(|(mantissa, scale)| Decimal::from_i128_with_scale(mantissa, scale));
-    (any::<u128>(), any::<u128>(), any::<u128>(), amount).prop_map(|(event_id, order_id, customer_id, total_amount)| {
-        OrderConfirmedEvent {
-            event_id: Uuid::from_u128(event_id),
-            order_id: Uuid::from_u128(order_id),
-            customer_id: Uuid::from_u128(customer_id),
-            total_amount,
-        }
+    let currency = prop_oneof![Just(None), Just(Some(Currency::EUR)), Just(Some("JPY".parse().unwrap()))];
+    let id = || (1..=u128::MAX).prop_map(Uuid::from_u128);
+    (id(), id(), id(), amount, currency).prop_map(|(event_id, order_id, customer_id, total_amount, currency)| {
+        OrderConfirmedEvent { event_id, order_id, customer_id, total_amount, currency }
     })
 }
 

@@ -3,10 +3,15 @@
 //! advance the operators' group (`<group>.dlq-operators`), so repeating a
 //! request never replays a record twice, and the backlog gauge follows.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use bytes::Bytes;
-use retry_core::{Headers, ReplayTarget, RetryHeaders, RetryPolicy, Timestamp};
+use retry_core::{
+    Headers, OperatorsPosition, ReplayGuards, ReplaySelection, ReplayTarget, RetryHeaders, RetryPolicy, Timestamp,
+};
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use tokio::sync::Mutex;
 
@@ -16,7 +21,7 @@ use crate::{
     protocol::group::GroupClient,
     publisher::Outgoing,
     publisher::Publisher,
-    ConnectionConfig, Result,
+    ConnectionConfig, Error, Result,
 };
 
 /// One partition of the dead-letter topic.
@@ -28,8 +33,11 @@ pub struct PartitionStatus {
     pub earliest: i64,
     /// The next offset to be written.
     pub end: i64,
-    /// The operators' group position: records before it were replayed or acknowledged.
+    /// The operators' group position: records before it were replayed or
+    /// acknowledged (`None` before the first commit).
     pub acknowledged: Option<i64>,
+    /// Records after that position replayed or acknowledged out of order.
+    pub handled_above: usize,
     /// Records neither replayed nor acknowledged.
     pub backlog: i64,
 }
@@ -62,7 +70,27 @@ pub struct DeadLetter {
     pub headers: Headers,
 }
 
+/// What [`DeadLetterAdmin::browse_page`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrowsePage {
+    /// One partition, or every partition from the operators' position.
+    pub partition: Option<i32>,
+    /// With a partition, the first offset (the oldest kept record by default).
+    pub from: Option<i64>,
+    /// The most records.
+    pub limit: usize,
+    /// The most bytes of keys, values and headers (at least one record).
+    pub max_bytes: usize,
+}
+
 impl DeadLetter {
+    /// Its key, value and headers' size in bytes.
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Bytes::len)
+            + self.value.as_ref().map_or(0, Bytes::len)
+            + self.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+    }
+
     /// Its retry headers, decoded (an error for a record someone else wrote).
     pub fn retry_headers(&self) -> retry_core::Result<RetryHeaders> {
         RetryHeaders::decode(&self.headers)
@@ -76,17 +104,40 @@ pub struct ReplayRequest {
     pub target: ReplayTarget,
     /// Report what would be replayed, change nothing.
     pub dry_run: bool,
-    /// Replay at most this many records.
-    pub limit: Option<usize>,
-    /// Only this partition of the dead-letter topic.
-    pub partition: Option<i32>,
-    /// Only these offsets.
-    pub offsets: Option<Vec<i64>>,
-    /// Only records with these keys.
-    pub keys: Option<Vec<Bytes>>,
-    /// The loop guard: refuse records replayed this many times already
-    /// (`None` lifts the guard, explicitly).
-    pub max_replays: Option<u32>,
+    /// Which records: a partition, offsets, keys, a limit.
+    pub selection: ReplaySelection,
+    /// The loop guard and the idempotency window.
+    pub guards: ReplayGuards,
+}
+
+/// A record a replay refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedRecord {
+    /// Its partition in the dead-letter topic.
+    pub partition: i32,
+    /// Its offset there.
+    pub offset: i64,
+    /// Why it was not replayed.
+    pub reason: String,
+}
+
+/// What a replay did on one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionReplay {
+    /// The partition.
+    pub partition: i32,
+    /// The operators' position when the replay started.
+    pub from: i64,
+    /// The end offset captured when the replay started: records
+    /// dead-lettered later wait for the next replay.
+    pub to: i64,
+    /// Records replayed (or, in a dry run, that would be).
+    pub replayed: usize,
+    /// The operators' position when the replay ended.
+    pub position: i64,
+    /// Why the replay of this partition stopped early: what was replayed
+    /// before is committed, a repeat goes on from there.
+    pub error: Option<String>,
 }
 
 /// What a replay did.
@@ -94,16 +145,34 @@ pub struct ReplayRequest {
 pub struct ReplayReport {
     /// Where the records went.
     pub target: String,
-    /// How many records were (or, in a dry run, would be) replayed.
-    pub replayed: usize,
-    /// Records refused, as (partition, offset, why).
-    pub skipped: Vec<(i32, i64, String)>,
-    /// The offsets examined, per partition: from the operators' position up
-    /// to the end offsets captured when the request started (exclusive).
-    pub covered: Vec<(i32, i64, i64)>,
     /// Whether nothing was changed.
     pub dry_run: bool,
+    /// How many records were (or, in a dry run, would be) replayed.
+    pub replayed: usize,
+    /// How many records were refused.
+    pub skipped_total: usize,
+    /// The first [`MAX_SKIPPED_SHOWN`] of them, with the reason.
+    pub skipped: Vec<SkippedRecord>,
+    /// Each partition visited, in order.
+    pub partitions: Vec<PartitionReplay>,
 }
+
+impl ReplayReport {
+    /// Whether some partition stopped early on an error.
+    pub fn failed(&self) -> bool {
+        self.partitions.iter().any(|p| p.error.is_some())
+    }
+
+    fn skip(&mut self, partition: i32, offset: i64, reason: String) {
+        self.skipped_total += 1;
+        if self.skipped.len() < MAX_SKIPPED_SHOWN {
+            self.skipped.push(SkippedRecord { partition, offset, reason });
+        }
+    }
+}
+
+/// How many refused records a [`ReplayReport`] lists (it counts them all).
+pub const MAX_SKIPPED_SHOWN: usize = 100;
 
 /// Operations on one ladder's dead-letter topic.
 pub struct DeadLetterAdmin {
@@ -162,7 +231,7 @@ impl DeadLetterAdmin {
             .unwrap_or_default();
         partitions.sort_unstable();
         let tps: Vec<(String, i32)> = partitions.iter().map(|p| (topic.clone(), *p)).collect();
-        let acknowledged = self.operators.lock().await.committed(&tps).await?;
+        let committed = self.operators.lock().await.committed_with_metadata(&tps).await?;
         let mut out = Vec::new();
         for p in partitions {
             let pc = self.partition(p).await?;
@@ -172,9 +241,17 @@ impl DeadLetterAdmin {
                 async move { self.offsets(pc, at, topic).await }
             };
             let (earliest, end) = (offset(OffsetAt::Earliest).await?, offset(OffsetAt::Latest).await?);
-            let acked = acknowledged.get(&(topic.clone(), p)).copied().flatten();
-            let backlog = (end - acked.unwrap_or(earliest).max(earliest)).max(0);
-            out.push(PartitionStatus { partition: p, earliest, end, acknowledged: acked, backlog });
+            let (offset, metadata) = committed.get(&(topic.clone(), p)).cloned().unwrap_or_default();
+            let position = OperatorsPosition::new(offset, metadata.as_deref(), earliest);
+            let backlog = (end - position.next()).max(0) - position.handled_above(end) as i64;
+            out.push(PartitionStatus {
+                partition: p,
+                earliest,
+                end,
+                acknowledged: offset.map(|_| position.next()),
+                handled_above: position.handled_above(end),
+                backlog,
+            });
         }
         let backlog = out.iter().map(|p| p.backlog).sum();
         Ok(DeadLetterStatus { topic, partitions: out, backlog })
@@ -186,28 +263,39 @@ impl DeadLetterAdmin {
         deadline(self.cluster.request_timeout(), what, pc.get_offset(at)).await
     }
 
-    /// Up to `limit` records of `partition` from offset `from`, before `end`.
-    async fn read(&self, pc: &PartitionClient, from: i64, end: i64, limit: usize) -> Result<Vec<DeadLetter>> {
+    /// Up to `limit` records of `partition` from offset `from`, before
+    /// `end`, and no more once they hold `max_bytes` (at least one record).
+    async fn read(
+        &self,
+        pc: &PartitionClient,
+        from: i64,
+        end: i64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<DeadLetter>> {
         let mut out = Vec::new();
         let mut offset = from;
-        while offset < end && out.len() < limit {
+        let mut bytes = 0;
+        while offset < end && out.len() < limit && bytes < max_bytes {
             let what = || format!("reading {}/{}", self.topic(), pc.partition());
             let (records, _) =
                 deadline(self.cluster.request_timeout(), what, pc.fetch_records(offset, 1..FETCH_BYTES, 0)).await?;
             let before = out.len();
             for r in records.into_iter().map(Fetched::from) {
-                if r.offset < offset || r.offset >= end || out.len() >= limit {
+                if r.offset < offset || r.offset >= end || out.len() >= limit || bytes >= max_bytes {
                     continue;
                 }
                 offset = r.offset + 1;
-                out.push(DeadLetter {
+                let record = DeadLetter {
                     partition: pc.partition(),
                     offset: r.offset,
                     key: r.key,
                     value: r.value,
                     timestamp: r.timestamp,
                     headers: r.headers,
-                });
+                };
+                bytes += record.size();
+                out.push(record);
             }
             if out.len() == before {
                 break; // nothing more below `end` (compacted or deleted offsets)
@@ -221,88 +309,221 @@ impl DeadLetterAdmin {
         let pc = self.partition(partition).await?;
         let end = self.offsets(&pc, OffsetAt::Latest, self.topic()).await?;
         let earliest = self.offsets(&pc, OffsetAt::Earliest, self.topic()).await?;
-        self.read(&pc, from.max(earliest), end, limit).await
+        self.read(&pc, from.max(earliest), end, limit, usize::MAX).await
     }
 
-    /// Acknowledges every record of `partition` up to `up_to_offset`
-    /// (inclusive) without replaying it: they stay in the topic, for audit,
-    /// and leave the backlog. Never moves the operators' position back.
-    pub async fn acknowledge(&self, partition: i32, up_to_offset: i64) -> Result<i64> {
-        let topic = self.topic().to_owned();
-        let mut operators = self.operators.lock().await;
-        let current = operators.committed(&[(topic.clone(), partition)]).await?;
-        let current = current.get(&(topic.clone(), partition)).copied().flatten().unwrap_or(0);
-        let next = current.max(up_to_offset + 1);
-        operators.commit(-1, "", &BTreeMap::from([((topic, partition), next)])).await?;
-        Ok(next)
-    }
-
-    /// Replays what `request` selects, from the operators' position up to the
-    /// end offsets captured now: records dead-lettered meanwhile wait for the
-    /// next request, so a replay always ends. The operators' position
-    /// advances over the longest run of records replayed from its start.
-    pub async fn replay(&self, request: &ReplayRequest) -> Result<ReplayReport> {
+    /// One page of what `page` asks for: records of one partition from an
+    /// offset, or of every partition from the operators' position (the
+    /// backlog), partition after partition; at most `page.limit` records,
+    /// and no more once they hold `page.max_bytes`.
+    pub async fn browse_page(&self, page: &BrowsePage) -> Result<Vec<DeadLetter>> {
         let status = self.status().await?;
-        let target = self.policy.replay_topic(request.target).to_string();
-        let now = Timestamp::from(std::time::SystemTime::now());
-        let mut report = ReplayReport {
-            target: target.clone(),
-            replayed: 0,
-            skipped: Vec::new(),
-            covered: Vec::new(),
-            dry_run: request.dry_run,
-        };
-        let mut commits = BTreeMap::new();
-        let mut outbox = Vec::new();
-        for p in status.partitions.iter().filter(|p| request.partition.is_none_or(|only| only == p.partition)) {
-            let start = p.acknowledged.unwrap_or(p.earliest).max(p.earliest);
-            report.covered.push((p.partition, start, p.end));
+        let mut out: Vec<DeadLetter> = Vec::new();
+        let mut bytes = 0;
+        for p in status.partitions.iter().filter(|p| page.partition.is_none_or(|only| only == p.partition)) {
+            if out.len() >= page.limit || bytes >= page.max_bytes {
+                break;
+            }
+            let from = match (page.partition, page.from) {
+                (Some(_), Some(from)) => from.max(p.earliest),
+                (Some(_), None) => p.earliest,
+                (None, _) => p.acknowledged.unwrap_or(p.earliest).max(p.earliest),
+            };
             let pc = self.partition(p.partition).await?;
-            let mut contiguous = true;
-            let mut position = start;
-            for record in self.read(&pc, start, p.end, usize::MAX).await? {
-                let limit_reached = request.limit.is_some_and(|l| report.replayed >= l);
-                let selected = request.offsets.as_ref().is_none_or(|o| o.contains(&record.offset))
-                    && request.keys.as_ref().is_none_or(|keys| record.key.as_ref().is_some_and(|k| keys.contains(k)));
-                if limit_reached || !selected {
-                    contiguous = false;
-                    continue;
-                }
-                match self.policy.replay_headers(&record.headers, request.target, now, request.max_replays) {
-                    Ok(headers) => {
-                        report.replayed += 1;
-                        let source_partition =
-                            record.retry_headers().map(|h| h.original_partition).unwrap_or(record.partition);
-                        outbox.push(Outgoing {
-                            topic: target.clone(),
-                            source_partition,
-                            key: record.key,
-                            value: record.value,
-                            headers,
-                            timestamp: now,
-                        });
-                        if contiguous {
-                            position = record.offset + 1;
-                        }
-                    }
-                    Err(refused) => {
-                        contiguous = false;
-                        report.skipped.push((record.partition, record.offset, refused.to_string()));
-                    }
+            let records = self.read(&pc, from, p.end, page.limit - out.len(), page.max_bytes - bytes).await?;
+            bytes += records.iter().map(DeadLetter::size).sum::<usize>();
+            out.extend(records);
+        }
+        Ok(out)
+    }
+
+    /// The operators' position on `partition`, as committed.
+    async fn position(&self, operators: &mut GroupClient, partition: i32, earliest: i64) -> Result<OperatorsPosition> {
+        let tp = (self.topic().to_owned(), partition);
+        let committed = operators.committed_with_metadata(std::slice::from_ref(&tp)).await?;
+        let (offset, metadata) = committed.get(&tp).cloned().unwrap_or_default();
+        Ok(OperatorsPosition::new(offset, metadata.as_deref(), earliest))
+    }
+
+    /// Commits `position` merged with the group's current one, so that
+    /// nothing handled meanwhile is undone; returns what was committed.
+    async fn commit_position(
+        &self,
+        operators: &mut GroupClient,
+        partition: i32,
+        earliest: i64,
+        position: &OperatorsPosition,
+    ) -> Result<OperatorsPosition> {
+        let merged = position.merge(&self.position(operators, partition, earliest).await?);
+        let commit = BTreeMap::from([((self.topic().to_owned(), partition), (merged.next(), Some(merged.metadata())))]);
+        operators.commit_with_metadata(-1, "", &commit).await?;
+        Ok(merged)
+    }
+
+    /// Acknowledges records of `partition` without replaying them: they
+    /// stay in the topic, for audit, and leave the backlog. Never moves the
+    /// operators' position back; returns it.
+    pub async fn acknowledge(&self, partition: i32, ack: &Acknowledgement) -> Result<OperatorsPosition> {
+        let pc = self.partition(partition).await?;
+        let earliest = self.offsets(&pc, OffsetAt::Earliest, self.topic()).await?;
+        let mut operators = self.operators.lock().await;
+        let mut position = self.position(&mut operators, partition, earliest).await?;
+        match ack {
+            Acknowledgement::UpTo(offset) => position.handle_before(offset.saturating_add(1)),
+            Acknowledgement::Offsets(offsets) => {
+                for offset in offsets {
+                    position.handle(*offset).map_err(|full| Error::Config(full.to_string()))?;
                 }
             }
-            if position > start {
-                commits.insert((self.topic().to_owned(), p.partition), position);
+        }
+        self.commit_position(&mut operators, partition, earliest, &position).await
+    }
+
+    /// Replays what `request` selects, from the operators' position up to
+    /// the end offsets captured now: records dead-lettered meanwhile wait
+    /// for the next request, so a replay always ends.
+    ///
+    /// It reads one page (at most 1 MiB) at a time, publishes that page's
+    /// records (acknowledged by the broker) and commits the operators'
+    /// position before reading the next, so memory stays bounded whatever
+    /// the backlog, and a replay that stops midway (an error, a crash) has
+    /// committed what it published. A partition that fails is reported and
+    /// the others go on. Records replayed out of order (by key or offset)
+    /// are recorded with the position, so a repeat skips them.
+    pub async fn replay(&self, request: &ReplayRequest) -> Result<ReplayReport> {
+        self.replay_reporting(request, |_| {}).await
+    }
+
+    /// [`replay`](Self::replay), calling `progress` after every page.
+    pub async fn replay_reporting(
+        &self,
+        request: &ReplayRequest,
+        mut progress: impl FnMut(&ReplayReport),
+    ) -> Result<ReplayReport> {
+        let status = self.status().await?;
+        let mut report = ReplayReport {
+            target: self.policy.replay_topic(request.target).to_string(),
+            dry_run: request.dry_run,
+            replayed: 0,
+            skipped_total: 0,
+            skipped: Vec::new(),
+            partitions: Vec::new(),
+        };
+        for p in status.partitions.iter().filter(|p| request.selection.visits(p.partition)) {
+            if request.selection.limit_reached(report.replayed) {
+                break;
             }
-        }
-        if request.dry_run {
-            return Ok(report);
-        }
-        // Publish first: only what the broker acknowledged may be marked done.
-        self.publisher.publish_all(&mut outbox).await?;
-        if !commits.is_empty() {
-            self.operators.lock().await.commit(-1, "", &commits).await?;
+            let outcome = self.replay_partition(request, p, &mut report, &mut progress).await;
+            if let Err(e) = outcome {
+                if let Some(last) = report.partitions.last_mut().filter(|last| last.partition == p.partition) {
+                    last.error = Some(e.to_string());
+                }
+            }
+            progress(&report);
         }
         Ok(report)
     }
+
+    async fn replay_partition(
+        &self,
+        request: &ReplayRequest,
+        p: &PartitionStatus,
+        report: &mut ReplayReport,
+        progress: &mut impl FnMut(&ReplayReport),
+    ) -> Result<()> {
+        let pc = self.partition(p.partition).await?;
+        let mut position = {
+            let mut operators = self.operators.lock().await;
+            self.position(&mut operators, p.partition, p.earliest).await?
+        };
+        let at = report.partitions.len();
+        report.partitions.push(PartitionReplay {
+            partition: p.partition,
+            from: position.next(),
+            to: p.end,
+            replayed: 0,
+            position: position.next(),
+            error: None,
+        });
+        let selection = &request.selection;
+        let mut next_read = selection.first_offset_from(position.next());
+        while let Some(from) = next_read.filter(|from| *from < p.end) {
+            if selection.limit_reached(report.replayed) {
+                break;
+            }
+            let what = || format!("reading {}/{}", self.topic(), p.partition);
+            let (records, _) =
+                deadline(self.cluster.request_timeout(), what, pc.fetch_records(from, 1..FETCH_BYTES, 0)).await?;
+            let now = Timestamp::from(std::time::SystemTime::now());
+            let mut page = position.clone();
+            let mut outbox = Vec::new();
+            let mut read_to = from;
+            for r in records.into_iter().map(Fetched::from) {
+                if r.offset < from || r.offset >= p.end {
+                    continue;
+                }
+                if selection.limit_reached(report.replayed) {
+                    break;
+                }
+                read_to = r.offset + 1;
+                if page.is_handled(r.offset) || !selection.selects(r.offset, r.key.as_deref()) {
+                    continue;
+                }
+                let headers = match self.policy.replay_headers(&r.headers, request.target, now, request.guards) {
+                    Ok(headers) => headers,
+                    Err(refused) => {
+                        report.skip(p.partition, r.offset, refused.to_string());
+                        continue;
+                    }
+                };
+                if let Err(full) = page.handle(r.offset) {
+                    report.skip(p.partition, r.offset, full.to_string());
+                    continue;
+                }
+                let source_partition =
+                    RetryHeaders::decode(&r.headers).map(|h| h.original_partition).unwrap_or(p.partition);
+                outbox.push(Outgoing {
+                    topic: report.target.clone(),
+                    source_partition,
+                    key: r.key,
+                    value: r.value,
+                    headers,
+                    timestamp: now,
+                });
+                report.replayed += 1;
+                report.partitions[at].replayed += 1;
+            }
+            if read_to == from {
+                break; // nothing more below the end (compacted or deleted offsets)
+            }
+            next_read = selection.first_offset_from(read_to);
+            if request.dry_run || outbox.is_empty() {
+                progress(report);
+                continue;
+            }
+            // Publish first: only what the broker acknowledged may be marked done.
+            if let Err(e) = self.publisher.publish_all(&mut outbox).await {
+                // Nothing of this page is committed; what the broker did take
+                // of it may reach the target again on a repeat.
+                report.replayed -= outbox.len().min(report.replayed);
+                return Err(e);
+            }
+            let mut operators = self.operators.lock().await;
+            position = self.commit_position(&mut operators, p.partition, p.earliest, &page).await?;
+            report.partitions[at].position = position.next();
+            drop(operators);
+            progress(report);
+        }
+        Ok(())
+    }
+}
+
+/// What an acknowledgement covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acknowledgement {
+    /// Every record up to this offset, inclusive.
+    UpTo(i64),
+    /// These records, wherever they are: those above the operators'
+    /// position are recorded with it.
+    Offsets(BTreeSet<i64>),
 }

@@ -270,13 +270,25 @@ impl GroupClient {
         member_id: &str,
         offsets: &BTreeMap<TopicPartition, i64>,
     ) -> Result<()> {
+        let offsets = offsets.iter().map(|(tp, offset)| (tp.clone(), (*offset, None))).collect();
+        self.commit_with_metadata(generation_id, member_id, &offsets).await
+    }
+
+    /// [`commit`](Self::commit), with a metadata string per partition.
+    pub(crate) async fn commit_with_metadata(
+        &mut self,
+        generation_id: i32,
+        member_id: &str,
+        offsets: &BTreeMap<TopicPartition, (i64, Option<String>)>,
+    ) -> Result<()> {
         let mut topics: BTreeMap<&str, Vec<OffsetCommitRequestPartition>> = BTreeMap::new();
-        for ((topic, partition), offset) in offsets {
+        for ((topic, partition), (offset, metadata)) in offsets {
             topics.entry(topic).or_default().push(
                 OffsetCommitRequestPartition::default()
                     .with_partition_index(*partition)
                     .with_committed_offset(*offset)
-                    .with_committed_leader_epoch(-1),
+                    .with_committed_leader_epoch(-1)
+                    .with_committed_metadata(metadata.as_deref().map(str_bytes)),
             );
         }
         let request = OffsetCommitRequest::default()
@@ -309,6 +321,15 @@ impl GroupClient {
         &mut self,
         partitions: &[TopicPartition],
     ) -> Result<BTreeMap<TopicPartition, Option<i64>>> {
+        let committed = self.committed_with_metadata(partitions).await?;
+        Ok(committed.into_iter().map(|(tp, (offset, _))| (tp, offset)).collect())
+    }
+
+    /// [`committed`](Self::committed), with each commit's metadata.
+    pub(crate) async fn committed_with_metadata(
+        &mut self,
+        partitions: &[TopicPartition],
+    ) -> Result<BTreeMap<TopicPartition, (Option<i64>, Option<String>)>> {
         let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
         for (topic, partition) in partitions {
             topics.entry(topic).or_default().push(*partition);
@@ -336,7 +357,8 @@ impl GroupClient {
                 let result = check("OffsetFetch", context, p.error_code);
                 self.observe(result)?;
                 let offset = (p.committed_offset >= 0).then_some(p.committed_offset);
-                out.insert((topic.name.0.to_string(), p.partition_index), offset);
+                let metadata = p.metadata.as_ref().map(|m| m.to_string());
+                out.insert((topic.name.0.to_string(), p.partition_index), (offset, metadata));
             }
         }
         Ok(out)

@@ -1,0 +1,380 @@
+//! The operators' API as types: what each route takes and answers. The
+//! routes, the `billing-bin dlq` client and the OpenAPI document all use
+//! these, so none of them can drift from the others.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use bytes::Bytes;
+use retry_kafka::{DeadLetter, DeadLetterStatus, PartitionReplay, ReplayReport, SkippedRecord};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// An error answer.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct Problem {
+    /// What went wrong, and what to do about it.
+    pub(crate) error: String,
+}
+
+/// `GET /admin/dlq`: the service's dead-letter topics.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct DlqList {
+    /// One per ladder (this service has one).
+    pub(crate) topics: Vec<DlqTopic>,
+}
+
+/// A dead-letter topic with its backlog.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct DlqTopic {
+    /// The dead-letter topic.
+    pub(crate) topic: String,
+    /// The source topic it belongs to.
+    pub(crate) source_topic: String,
+    /// Records neither replayed nor acknowledged, over every partition.
+    pub(crate) backlog: i64,
+    /// Each partition.
+    pub(crate) partitions: Vec<DlqPartition>,
+}
+
+/// One partition of a dead-letter topic.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct DlqPartition {
+    /// The partition.
+    pub(crate) partition: i32,
+    /// The oldest offset retention keeps.
+    pub(crate) earliest: i64,
+    /// The next offset to be written.
+    pub(crate) end_offset: i64,
+    /// The operators' position: records before it were replayed or acknowledged.
+    pub(crate) acknowledged_offset: Option<i64>,
+    /// Records after that position replayed or acknowledged out of order.
+    pub(crate) handled_above: usize,
+    /// Records neither replayed nor acknowledged.
+    pub(crate) backlog: i64,
+}
+
+impl DlqTopic {
+    pub(crate) fn new(status: DeadLetterStatus, source_topic: &str) -> Self {
+        DlqTopic {
+            topic: status.topic,
+            source_topic: source_topic.to_owned(),
+            backlog: status.backlog,
+            partitions: status
+                .partitions
+                .into_iter()
+                .map(|p| DlqPartition {
+                    partition: p.partition,
+                    earliest: p.earliest,
+                    end_offset: p.end,
+                    acknowledged_offset: p.acknowledged,
+                    handled_above: p.handled_above,
+                    backlog: p.backlog,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The query of `GET /admin/dlq/{topic}/messages`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct MessagesQuery {
+    /// One partition; without it, every partition from the operators'
+    /// position (the backlog), one after the other.
+    pub(crate) partition: Option<i32>,
+    /// With a partition, the first offset (default: the oldest kept).
+    pub(crate) offset: Option<i64>,
+    /// How many records, 1 to 100 (default 20).
+    pub(crate) limit: Option<usize>,
+}
+
+/// One page of dead-lettered records.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct MessagesPage {
+    /// The records, by partition then offset.
+    pub(crate) messages: Vec<Message>,
+    /// Where the next page starts, per partition read.
+    pub(crate) next_offsets: BTreeMap<i32, i64>,
+    /// With a partition: where the next page starts.
+    pub(crate) next_offset: Option<i64>,
+    /// Whether the page stopped at its byte cap rather than its record limit.
+    pub(crate) capped_by_bytes: bool,
+}
+
+/// A key or payload: text when it is UTF-8, else base64.
+#[derive(Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub(crate) struct Content {
+    /// The content, when it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) text: Option<String>,
+    /// The content in base64, when it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) base64: Option<String>,
+}
+
+impl Content {
+    fn of(bytes: &Option<Bytes>) -> Option<Content> {
+        let bytes = bytes.as_ref()?;
+        Some(match std::str::from_utf8(bytes) {
+            Ok(text) => Content { text: Some(text.to_owned()), base64: None },
+            Err(_) => Content { text: None, base64: Some(base64::engine::general_purpose::STANDARD.encode(bytes)) },
+        })
+    }
+}
+
+/// The retry headers of a dead letter, decoded.
+#[derive(Debug, Serialize, Deserialize, ToSchema, Default)]
+pub(crate) struct RetryInfo {
+    /// Why they cannot be decoded (a record someone else wrote); the other
+    /// fields are then absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) undecodable: Option<String>,
+    /// Failed delivery attempts.
+    pub(crate) attempt: Option<u32>,
+    /// Where the record was first consumed.
+    pub(crate) original_topic: Option<String>,
+    /// Its partition there.
+    pub(crate) original_partition: Option<i32>,
+    /// Its offset there.
+    pub(crate) original_offset: Option<i64>,
+    /// When its first attempt failed, in ms since the epoch.
+    pub(crate) first_failure_at: Option<i64>,
+    /// `transient` or `permanent`.
+    pub(crate) error_kind: Option<String>,
+    /// The last failure.
+    pub(crate) error: Option<String>,
+    /// Why it was dead-lettered.
+    pub(crate) reason: Option<String>,
+    /// How often operators replayed it.
+    pub(crate) replay_count: Option<u32>,
+    /// When its event was first produced, before any replay, in ms since the epoch.
+    pub(crate) first_seen_at: Option<i64>,
+}
+
+/// A dead-lettered record.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct Message {
+    /// Its partition in the dead-letter topic.
+    pub(crate) partition: i32,
+    /// Its offset there.
+    pub(crate) offset: i64,
+    /// When it was dead-lettered, in ms since the epoch.
+    pub(crate) timestamp: Option<i64>,
+    /// Its key.
+    pub(crate) key: Option<Content>,
+    /// Its value.
+    pub(crate) payload: Option<Content>,
+    /// Its retry headers, decoded.
+    pub(crate) retry: RetryInfo,
+    /// Every header, as text (invalid UTF-8 replaced).
+    pub(crate) headers: BTreeMap<String, String>,
+}
+
+impl Message {
+    pub(crate) fn new(d: &DeadLetter) -> Self {
+        let retry = match d.retry_headers() {
+            Ok(h) => RetryInfo {
+                undecodable: None,
+                attempt: Some(h.attempt),
+                original_topic: Some(h.original_topic.to_string()),
+                original_partition: Some(h.original_partition),
+                original_offset: Some(h.original_offset),
+                first_failure_at: Some(h.first_failure_at.as_millis()),
+                error_kind: Some(h.error_kind.as_str().to_owned()),
+                reason: h.dead_letter_reason.map(|r| r.as_str().to_owned()),
+                replay_count: Some(h.replay_count),
+                first_seen_at: Some(h.first_seen().as_millis()),
+                error: Some(h.error),
+            },
+            Err(e) => RetryInfo { undecodable: Some(e.to_string()), ..RetryInfo::default() },
+        };
+        Message {
+            partition: d.partition,
+            offset: d.offset,
+            timestamp: d.timestamp.map(|t| t.as_millis()),
+            key: Content::of(&d.key),
+            payload: Content::of(&d.value),
+            retry,
+            headers: d.headers.iter().map(|(k, v)| (k.to_owned(), String::from_utf8_lossy(v).into_owned())).collect(),
+        }
+    }
+}
+
+/// The query of `POST /admin/dlq/{topic}/replay`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ReplayQuery {
+    /// The source topic, or its first retry topic; any other is refused.
+    pub(crate) target_topic: String,
+    /// Wait for the replay to finish (up to the wait limit) and answer with
+    /// its outcome; without it, the answer comes at once with the job's id.
+    #[serde(default)]
+    pub(crate) wait: bool,
+}
+
+/// The body of `POST /admin/dlq/{topic}/replay`; every field is optional.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReplayBody {
+    /// Report what would be replayed, change nothing.
+    #[serde(default)]
+    pub(crate) dry_run: bool,
+    /// Replay at most this many records (at least 1).
+    pub(crate) limit: Option<usize>,
+    /// Only this partition.
+    pub(crate) partition: Option<i32>,
+    /// Only these offsets.
+    pub(crate) offsets: Option<Vec<i64>>,
+    /// Only records with these keys.
+    pub(crate) keys: Option<Vec<String>>,
+    /// Replay records even if replayed too often already (the loop guard).
+    #[serde(default)]
+    pub(crate) override_loop_guard: bool,
+    /// Replay records whose event is older than the provider's idempotency
+    /// window, which the provider may charge again.
+    #[serde(default)]
+    pub(crate) override_idempotency_window: bool,
+}
+
+/// Where a replay job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum JobState {
+    /// Still reading and publishing.
+    Running,
+    /// Done, every partition replayed.
+    Succeeded,
+    /// Done, but some partitions stopped on an error (see their `error`):
+    /// what they published is committed; repeat the request for the rest.
+    PartiallyFailed,
+    /// Stopped before replaying anything (see `error`).
+    Failed,
+}
+
+/// A replay job, as `POST .../replay` and `GET /admin/dlq/replays/{id}` show it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct ReplayJob {
+    /// Its id.
+    pub(crate) id: String,
+    /// Where it is.
+    pub(crate) state: JobState,
+    /// Who started it (`X-Operator`, else the client's address).
+    pub(crate) operator: String,
+    /// The dead-letter topic.
+    pub(crate) topic: String,
+    /// Where records go.
+    pub(crate) target_topic: String,
+    /// What was asked.
+    pub(crate) request: ReplayBody,
+    /// When it started, in ms since the epoch.
+    pub(crate) started_at: i64,
+    /// When it ended, in ms since the epoch.
+    pub(crate) finished_at: Option<i64>,
+    /// Progress so far, or the outcome.
+    pub(crate) report: ReplayOutcome,
+    /// Why it failed.
+    pub(crate) error: Option<String>,
+}
+
+/// What a replay did, so far or in the end.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub(crate) struct ReplayOutcome {
+    /// Whether nothing was changed.
+    pub(crate) dry_run: bool,
+    /// Records replayed (or, in a dry run, that would be).
+    pub(crate) replayed: usize,
+    /// Records refused.
+    pub(crate) skipped_total: usize,
+    /// The first hundred refused, with the reason.
+    pub(crate) skipped: Vec<Skipped>,
+    /// Each partition visited.
+    pub(crate) partitions: Vec<PartitionOutcome>,
+}
+
+/// A record a replay refused.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct Skipped {
+    /// Its partition.
+    pub(crate) partition: i32,
+    /// Its offset.
+    pub(crate) offset: i64,
+    /// Why it was not replayed.
+    pub(crate) reason: String,
+}
+
+/// What a replay did on one partition.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub(crate) struct PartitionOutcome {
+    /// The partition.
+    pub(crate) partition: i32,
+    /// The operators' position when the replay started.
+    pub(crate) from: i64,
+    /// The end offset captured when it started.
+    pub(crate) to: i64,
+    /// Records replayed.
+    pub(crate) replayed: usize,
+    /// The operators' position now.
+    pub(crate) position: i64,
+    /// Why this partition stopped early.
+    pub(crate) error: Option<String>,
+}
+
+impl From<&ReplayReport> for ReplayOutcome {
+    fn from(r: &ReplayReport) -> Self {
+        ReplayOutcome {
+            dry_run: r.dry_run,
+            replayed: r.replayed,
+            skipped_total: r.skipped_total,
+            skipped: r
+                .skipped
+                .iter()
+                .map(|SkippedRecord { partition, offset, reason }| Skipped {
+                    partition: *partition,
+                    offset: *offset,
+                    reason: reason.clone(),
+                })
+                .collect(),
+            partitions: r
+                .partitions
+                .iter()
+                .map(|p: &PartitionReplay| PartitionOutcome {
+                    partition: p.partition,
+                    from: p.from,
+                    to: p.to,
+                    replayed: p.replayed,
+                    position: p.position,
+                    error: p.error.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The body of `POST /admin/dlq/{topic}/ack`: either `up_to_offset` (every
+/// record up to it) or `offsets` (these records, wherever they are).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AckBody {
+    /// The partition.
+    pub(crate) partition: i32,
+    /// Every record up to this offset, inclusive.
+    pub(crate) up_to_offset: Option<i64>,
+    /// These records.
+    pub(crate) offsets: Option<Vec<i64>>,
+}
+
+/// The answer to an acknowledgement.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct AckAnswer {
+    /// The dead-letter topic.
+    pub(crate) topic: String,
+    /// The partition.
+    pub(crate) partition: i32,
+    /// The operators' position now.
+    pub(crate) acknowledged_offset: i64,
+    /// Records above it handled out of order.
+    pub(crate) handled_above: usize,
+}

@@ -1,0 +1,113 @@
+//! Replay jobs: a replay runs in a task of its own, so a client that
+//! disconnects does not stop it halfway, and its progress can be asked for
+//! by id. One runs at a time per service; the dead-letter store makes it
+//! one per operators' group across instances.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use retry_kafka::{ReplayReport, ReplayRequest};
+use tokio::sync::watch;
+
+use super::{
+    api::{JobState, ReplayJob, ReplayOutcome},
+    store::DeadLetterStore,
+};
+
+/// How many finished jobs are remembered for `GET /admin/dlq/replays/{id}`.
+const KEPT_JOBS: usize = 100;
+
+/// The jobs of one service.
+#[derive(Default)]
+pub(crate) struct Jobs {
+    jobs: Mutex<VecDeque<Arc<Job>>>,
+    running: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// One job: its state, and a signal that turns true when it ends.
+pub(crate) struct Job {
+    state: Mutex<ReplayJob>,
+    done: watch::Sender<bool>,
+}
+
+impl Job {
+    pub(crate) fn snapshot(&self) -> ReplayJob {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn update(&self, change: impl FnOnce(&mut ReplayJob)) {
+        change(&mut self.state.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    /// The job once it ended, or as it is after `limit`.
+    pub(crate) async fn wait(&self, limit: Duration) -> ReplayJob {
+        let mut done = self.done.subscribe();
+        let _ = tokio::time::timeout(limit, done.wait_for(|done| *done)).await;
+        self.snapshot()
+    }
+}
+
+impl Jobs {
+    /// The job with `id`, if this service ran it recently.
+    pub(crate) fn get(&self, id: &str) -> Option<ReplayJob> {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.iter().map(|job| job.snapshot()).find(|job| job.id == id)
+    }
+
+    /// Starts `request` as `job` in a task of its own; refused with the id
+    /// of the job that runs when one does.
+    pub(crate) fn start<S: DeadLetterStore>(
+        &self,
+        store: Arc<S>,
+        request: ReplayRequest,
+        job: ReplayJob,
+    ) -> Result<Arc<Job>, String> {
+        let Ok(guard) = self.running.clone().try_lock_owned() else {
+            let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let running = jobs.iter().map(|j| j.snapshot()).find(|j| j.state == JobState::Running);
+            return Err(running.map(|j| j.id).unwrap_or_default());
+        };
+        let entry = Arc::new(Job { state: Mutex::new(job), done: watch::Sender::new(false) });
+        {
+            let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            jobs.push_back(entry.clone());
+            while jobs.len() > KEPT_JOBS {
+                jobs.pop_front();
+            }
+        }
+        let job = entry.clone();
+        tokio::spawn(async move {
+            let progress_of = job.clone();
+            let progress = Box::new(move |report: &ReplayReport| {
+                progress_of.update(|state| state.report = ReplayOutcome::from(report));
+            });
+            let outcome = store.replay(&request, progress).await;
+            job.update(|state| {
+                state.finished_at = Some(now_ms());
+                match outcome {
+                    Ok(report) => {
+                        state.state = if report.failed() { JobState::PartiallyFailed } else { JobState::Succeeded };
+                        state.report = ReplayOutcome::from(&report);
+                    }
+                    Err(e) => {
+                        state.state = JobState::Failed;
+                        state.error = Some(format!("kafka: {e}"));
+                    }
+                }
+            });
+            let finished = job.snapshot();
+            super::audit_job(&finished);
+            drop(guard);
+            job.done.send_replace(true);
+        });
+        Ok(entry)
+    }
+}
+
+/// Now, in ms since the epoch.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}

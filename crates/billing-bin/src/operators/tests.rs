@@ -1,0 +1,401 @@
+//! The operators' routes against a dead-letter topic in memory, through a
+//! real loopback listener: every refusal (400, 401, 404, 409, 413, 429), the
+//! job protocol and the audit log, without a broker.
+
+use std::{
+    io::Write,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use reqwest::{Method, StatusCode};
+use retry_core::{Headers, OperatorsPosition, RetryPolicy, RetrySchedule, RetryTopology};
+use retry_kafka::{
+    Acknowledgement, BrowsePage, DeadLetter, DeadLetterStatus, PartitionReplay, PartitionStatus, ReplayReport,
+    ReplayRequest,
+};
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+use super::{routes, store::Progress, AuthFailures, DeadLetterStore, Operators};
+use crate::http::{serve, HttpLimits, Server};
+
+const TOKEN: &str = "operators-secret-0123456789";
+const DLQ: &str = "orders.confirmed.dlq";
+
+/// Two partitions: three records on partition 0, none on partition 1.
+struct MemoryStore {
+    records: Vec<DeadLetter>,
+    /// When set, a replay waits for a permit: the test decides when it ends.
+    gate: Option<Arc<Semaphore>>,
+    requests: Mutex<Vec<ReplayRequest>>,
+    acks: Mutex<Vec<(i32, Acknowledgement)>>,
+}
+
+impl MemoryStore {
+    fn new(gate: Option<Arc<Semaphore>>) -> Self {
+        let records = (0..3)
+            .map(|offset| DeadLetter {
+                partition: 0,
+                offset,
+                key: Some(Bytes::from(format!("k{offset}"))),
+                value: Some(if offset == 2 { Bytes::from_static(&[0xff, 0xfe]) } else { Bytes::from_static(b"{}") }),
+                timestamp: None,
+                headers: Headers::new(),
+            })
+            .collect();
+        MemoryStore { records, gate, requests: Mutex::default(), acks: Mutex::default() }
+    }
+}
+
+impl DeadLetterStore for MemoryStore {
+    async fn status(&self) -> retry_kafka::Result<DeadLetterStatus> {
+        let partition = |partition, end| PartitionStatus {
+            partition,
+            earliest: 0,
+            end,
+            acknowledged: None,
+            handled_above: 0,
+            backlog: end,
+        };
+        Ok(DeadLetterStatus { topic: DLQ.into(), partitions: vec![partition(0, 3), partition(1, 0)], backlog: 3 })
+    }
+
+    async fn browse(&self, page: &BrowsePage) -> retry_kafka::Result<Vec<DeadLetter>> {
+        Ok(self
+            .records
+            .iter()
+            .filter(|r| page.partition.is_none_or(|p| p == r.partition) && r.offset >= page.from.unwrap_or(0))
+            .take(page.limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn replay(&self, request: &ReplayRequest, mut progress: Progress) -> retry_kafka::Result<ReplayReport> {
+        self.requests.lock().unwrap().push(request.clone());
+        let mut report = ReplayReport {
+            target: "orders.confirmed".into(),
+            dry_run: request.dry_run,
+            replayed: 0,
+            skipped_total: 0,
+            skipped: vec![],
+            partitions: vec![PartitionReplay { partition: 0, from: 0, to: 3, replayed: 0, position: 0, error: None }],
+        };
+        progress(&report);
+        if let Some(gate) = &self.gate {
+            gate.acquire().await.expect("the gate stays open").forget();
+        }
+        report.replayed = 3;
+        report.partitions[0].replayed = 3;
+        report.partitions[0].position = 3;
+        Ok(report)
+    }
+
+    async fn acknowledge(&self, partition: i32, ack: &Acknowledgement) -> retry_kafka::Result<OperatorsPosition> {
+        self.acks.lock().unwrap().push((partition, ack.clone()));
+        let next = match ack {
+            Acknowledgement::UpTo(offset) => offset + 1,
+            Acknowledgement::Offsets(_) => 0,
+        };
+        Ok(OperatorsPosition::new(Some(next), None, 0))
+    }
+}
+
+struct Api {
+    server: Server,
+    store: Arc<MemoryStore>,
+    http: reqwest::Client,
+}
+
+async fn start(gate: Option<Arc<Semaphore>>) -> Api {
+    start_with(gate, 5).await
+}
+
+async fn start_with(gate: Option<Arc<Semaphore>>, max_auth_failures: u32) -> Api {
+    let schedule: RetrySchedule = "5s,30s".parse().unwrap();
+    let policy = RetryPolicy::new(RetryTopology::new("orders.confirmed", &schedule).unwrap(), Default::default());
+    let operators = Operators::new(
+        TOKEN.into(),
+        policy,
+        MemoryStore::new(gate),
+        Some(Duration::from_secs(24 * 3600)),
+        AuthFailures::new(max_auth_failures, Duration::from_secs(60)),
+    );
+    let store = operators.store.clone();
+    let limits = HttpLimits {
+        header_read_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(10),
+        max_connections: 16,
+    };
+    let server = serve("OPERATOR_LISTEN", "127.0.0.1:0".parse().unwrap(), routes(Arc::new(operators)), limits)
+        .await
+        .unwrap();
+    Api { server, store, http: reqwest::Client::new() }
+}
+
+impl Api {
+    async fn call(&self, method: Method, path: &str, token: Option<&str>, body: Option<&str>) -> (StatusCode, Value) {
+        let mut request = self.http.request(method, format!("http://{}{path}", self.server.addr()));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.header("content-type", "application/json").body(body.to_owned());
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+}
+
+fn routes_with_bodies() -> Vec<(Method, String, Option<&'static str>)> {
+    let routes: Vec<(Method, String)> = vec![
+        (Method::GET, "/admin/dlq".into()),
+        (Method::GET, format!("/admin/dlq/{DLQ}/messages")),
+        (Method::POST, format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed")),
+        (Method::POST, format!("/admin/dlq/{DLQ}/ack")),
+        (Method::GET, "/admin/dlq/replays/some-id".into()),
+        (Method::GET, "/admin/openapi.json".into()),
+    ];
+    routes
+        .into_iter()
+    .map(|(method, path)| {
+        let body = (method == Method::POST).then_some(r#"{"partition": 0, "up_to_offset": 0}"#);
+        (method, path, body)
+    })
+    .collect()
+}
+
+#[tokio::test]
+async fn every_route_needs_the_token() {
+    // Every failure counts against the one loopback address: allow them all.
+    let api = start_with(None, 100).await;
+    for (method, path, body) in routes_with_bodies() {
+        for token in [None, Some("operators-secret-wrong-token"), Some("short")] {
+            let (status, answer) = api.call(method.clone(), &path, token, body).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path} with {token:?}: {answer}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_address_that_fails_too_often_is_answered_429_even_with_the_right_token() {
+    let api = start(None).await;
+    for _ in 0..5 {
+        assert_eq!(api.call(Method::GET, "/admin/dlq", Some("wrong"), None).await.0, StatusCode::UNAUTHORIZED);
+    }
+    let response = api
+        .http
+        .get(format!("http://{}/admin/dlq", api.server.addr()))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    let answer: Value = response.json().await.unwrap();
+    assert!(answer["error"].as_str().unwrap().contains("too many failed authentications"), "{answer}");
+}
+
+#[tokio::test]
+async fn refusals() {
+    let api = start(None).await;
+    let replay = |query: &str| format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed{query}");
+    let huge = format!(r#"{{"keys": ["{}"]}}"#, "k".repeat(100_000));
+    let table: Vec<(Method, String, Option<&str>, u16)> = vec![
+        (Method::GET, format!("/admin/dlq/{DLQ}/messages?partition=abc"), None, 400),
+        (Method::GET, format!("/admin/dlq/{DLQ}/messages?partition=0&limit=1000"), None, 400),
+        (Method::GET, format!("/admin/dlq/{DLQ}/messages?partition=0&limit=0"), None, 400),
+        (Method::GET, format!("/admin/dlq/{DLQ}/messages?partition=0&offset=-1"), None, 400),
+        (Method::GET, format!("/admin/dlq/{DLQ}/messages?offset=2"), None, 400),
+        (Method::GET, format!("/admin/dlq/{DLQ}/messages?surprise=1"), None, 400),
+        (Method::GET, format!("/admin/dlq/{DLQ}/messages?partition=99"), None, 404),
+        (Method::GET, "/admin/dlq/elsewhere.dlq/messages?partition=0".into(), None, 404),
+        (Method::POST, format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed.retry-30s"), None, 400),
+        (Method::POST, format!("/admin/dlq/{DLQ}/replay?target_topic=payments"), None, 400),
+        (Method::POST, format!("/admin/dlq/{DLQ}/replay"), None, 400),
+        (Method::POST, "/admin/dlq/elsewhere.dlq/replay?target_topic=orders.confirmed".into(), None, 404),
+        (Method::POST, replay(""), Some("{not json"), 400),
+        (Method::POST, replay(""), Some(r#"{"dry_run": true, "surprise": 1}"#), 400),
+        (Method::POST, replay(""), Some(r#"{"limit": 0}"#), 400),
+        (Method::POST, replay(""), Some(r#"{"offsets": [-1]}"#), 400),
+        (Method::POST, replay(""), Some(&huge), 413),
+        (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0}"#), 400),
+        (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0, "offsets": []}"#), 400),
+        (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0, "offsets": [1], "up_to_offset": 1}"#), 400),
+        (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0, "up_to_offset": 3}"#), 400),
+        (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0, "offsets": [0, 7]}"#), 400),
+        (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 9, "up_to_offset": 0}"#), 404),
+        (Method::POST, "/admin/dlq/elsewhere.dlq/ack".into(), Some(r#"{"partition": 0, "up_to_offset": 0}"#), 404),
+        (Method::GET, "/admin/dlq/replays/no-such-job".into(), None, 404),
+    ];
+    for (method, path, body, expected) in table {
+        let (status, answer) = api.call(method.clone(), &path, Some(TOKEN), body).await;
+        assert_eq!(status.as_u16(), expected, "{method} {path}: {answer}");
+        if expected != 413 {
+            assert!(answer["error"].is_string(), "{method} {path}: {answer}");
+        }
+    }
+    assert!(api.store.requests.lock().unwrap().is_empty(), "no refused replay reached the store");
+    assert!(api.store.acks.lock().unwrap().is_empty(), "no refused acknowledgement reached the store");
+}
+
+#[tokio::test]
+async fn a_replay_is_a_job_and_a_second_one_waits_its_turn() {
+    let gate = Arc::new(Semaphore::new(0));
+    let api = start(Some(gate.clone())).await;
+    let path = format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed");
+    let (status, job) = api.call(Method::POST, &path, Some(TOKEN), Some(r#"{"keys": ["k1"]}"#)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{job}");
+    assert_eq!(job["state"], "running");
+    let id = job["id"].as_str().unwrap().to_owned();
+
+    // The first holds the gate: the second is refused, deterministically.
+    let (status, refused) = api.call(Method::POST, &path, Some(TOKEN), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    assert!(refused["error"].as_str().unwrap().contains(&id), "{refused}");
+    let (status, running) = api.call(Method::GET, &format!("/admin/dlq/replays/{id}"), Some(TOKEN), None).await;
+    assert_eq!((status, &running["state"]), (StatusCode::OK, &json!("running")), "{running}");
+
+    gate.add_permits(1);
+    let finished = loop {
+        let (_, job) = api.call(Method::GET, &format!("/admin/dlq/replays/{id}"), Some(TOKEN), None).await;
+        if job["state"] != "running" {
+            break job;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(finished["state"], "succeeded", "{finished}");
+    assert_eq!(finished["report"]["replayed"], 3, "{finished}");
+    assert!(finished["finished_at"].is_i64(), "{finished}");
+
+    // With wait=true the answer is the outcome.
+    gate.add_permits(1);
+    let (status, waited) =
+        api.call(Method::POST, &format!("{path}&wait=true"), Some(TOKEN), Some(r#"{"dry_run": true}"#)).await;
+    assert_eq!((status, &waited["state"]), (StatusCode::OK, &json!("succeeded")), "{waited}");
+
+    // What reached the store: the selection and the guards, as asked.
+    let requests = api.store.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[0].selection.keys, Some(vec![b"k1".to_vec()]));
+    assert_eq!(requests[0].guards.max_replays, Some(super::MAX_REPLAYS));
+    assert_eq!(requests[0].guards.max_age, Some(Duration::from_secs(24 * 3600)));
+    assert!(requests[1].dry_run);
+}
+
+#[tokio::test]
+async fn overrides_lift_the_guards_they_name() {
+    let api = start(None).await;
+    let path = format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed&wait=true");
+    let body = r#"{"override_loop_guard": true, "override_idempotency_window": true}"#;
+    let (status, job) = api.call(Method::POST, &path, Some(TOKEN), Some(body)).await;
+    assert_eq!(status, StatusCode::OK, "{job}");
+    let requests = api.store.requests.lock().unwrap().clone();
+    assert_eq!((requests[0].guards.max_replays, requests[0].guards.max_age), (None, None));
+}
+
+#[tokio::test]
+async fn browsing_and_acknowledging() {
+    let api = start(None).await;
+    let (status, page) = api.call(Method::GET, &format!("/admin/dlq/{DLQ}/messages?limit=2"), Some(TOKEN), None).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["messages"].as_array().unwrap().len(), 2);
+    assert_eq!(page["next_offsets"], json!({"0": 2}));
+    assert_eq!(page["next_offset"], Value::Null, "no partition asked");
+    let (_, page) =
+        api.call(Method::GET, &format!("/admin/dlq/{DLQ}/messages?partition=0&offset=2"), Some(TOKEN), None).await;
+    assert_eq!(page["messages"][0]["payload"], json!({"base64": "//4="}));
+    assert!(page["messages"][0]["retry"]["undecodable"].is_string(), "{page}");
+    assert_eq!(page["next_offset"], 3);
+
+    let ack = r#"{"partition": 0, "offsets": [2, 0]}"#;
+    let (status, answer) = api.call(Method::POST, &format!("/admin/dlq/{DLQ}/ack"), Some(TOKEN), Some(ack)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let acks = api.store.acks.lock().unwrap().clone();
+    assert_eq!(acks, [(0, Acknowledgement::Offsets([0, 2].into()))]);
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_every_route_from_the_types() {
+    let api = start(None).await;
+    let (status, doc) = api.call(Method::GET, "/admin/openapi.json", Some(TOKEN), None).await;
+    assert_eq!(status, StatusCode::OK);
+    for (path, method) in [
+        ("/admin/dlq", "get"),
+        ("/admin/dlq/{topic}/messages", "get"),
+        ("/admin/dlq/{topic}/replay", "post"),
+        ("/admin/dlq/replays/{id}", "get"),
+        ("/admin/dlq/{topic}/ack", "post"),
+    ] {
+        assert!(doc["paths"][path][method].is_object(), "{method} {path} is not described");
+        assert!(doc["paths"][path][method]["responses"]["401"].is_object(), "{method} {path}: no 401");
+    }
+    let body = &doc["components"]["schemas"]["ReplayBody"]["properties"];
+    for field in ["dry_run", "limit", "partition", "offsets", "keys", "override_loop_guard", "override_idempotency_window"]
+    {
+        assert!(body[field].is_object(), "ReplayBody.{field} is not described: {body}");
+    }
+    assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+    assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
+}
+
+/// Log lines written during a test, in the pretty format.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn every_request_is_one_audit_event_and_none_can_forge_a_line() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let api = start(None).await;
+            let url = |path: &str| format!("http://{}{path}", api.server.addr());
+            // A refusal, a read, and an action with a forged operator name.
+            api.call(Method::GET, "/admin/dlq", None, None).await;
+            api.call(Method::GET, "/admin/dlq", Some(TOKEN), None).await;
+            let forged = "mallory\nINFO audit: operator=\"admin\" forged";
+            let response = api
+                .http
+                .post(url(&format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed&wait=true")))
+                .bearer_auth(TOKEN)
+                .header("x-operator", forged.replace('\n', "\\n"))
+                .body(r#"{"keys": ["a\nINFO forged key"], "override_loop_guard": true}"#)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            api.server.stop().await;
+        })
+    });
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let requests: Vec<&str> = log.lines().filter(|l| l.contains("operators' API request")).collect();
+    assert_eq!(requests.len(), 3, "{log}");
+    assert!(requests[0].contains("status=401"), "{}", requests[0]);
+    assert!(requests[1].contains("status=200") && requests[1].contains("backlog 3"), "{}", requests[1]);
+    assert!(requests[2].contains("override_loop_guard"), "{}", requests[2]);
+    assert!(requests[2].contains(r#"\"keys\""#), "every parameter is in the event: {}", requests[2]);
+    // Nothing from a request starts a line of its own.
+    // The forged text stays inside the two events that quote it, escaped.
+    let quoting: Vec<&str> = log.lines().filter(|l| l.contains("forged")).collect();
+    assert_eq!(quoting.len(), 2, "{log}");
+    assert!(quoting.iter().all(|l| l.contains(" INFO audit: ")), "{log}");
+    assert!(requests[2].contains("forged"), "{}", requests[2]);
+    assert_eq!(log.lines().filter(|l| l.contains("replay job finished")).count(), 1, "{log}");
+}
