@@ -1,8 +1,7 @@
 //! Operators' work on a dead-letter topic: status, browse, replay, acknowledge.
 
-use bytes::Bytes;
-use retry_core::ReplayTarget;
-use retry_kafka::{DeadLetterAdmin, ReplayRequest};
+use retry_core::{ReplayGuards, ReplaySelection, ReplayTarget};
+use retry_kafka::{Acknowledgement, DeadLetterAdmin, Error, PartitionReplay, ReplayRequest};
 
 use crate::support::{eventually, produce, start_joined, Ladder, Scripted, Step, SETTLE};
 
@@ -10,12 +9,13 @@ fn replay(target: ReplayTarget) -> ReplayRequest {
     ReplayRequest {
         target,
         dry_run: false,
-        limit: None,
-        partition: None,
-        offsets: None,
-        keys: None,
-        max_replays: Some(3),
+        selection: ReplaySelection::default(),
+        guards: ReplayGuards { max_replays: Some(3), max_age: None },
     }
+}
+
+fn keys(keys: &[&str]) -> ReplaySelection {
+    ReplaySelection { keys: Some(keys.iter().map(|k| k.as_bytes().to_vec()).collect()), ..Default::default() }
 }
 
 /// A ladder whose handler fails `keys` permanently the first time, and the
@@ -54,7 +54,8 @@ async fn replay_brings_dead_letters_back_once_and_dry_runs_change_nothing() {
     assert_eq!(seen[0].headers.get("traceparent"), Some(&b"t-1"[..]));
 
     let dry = admin.replay(&ReplayRequest { dry_run: true, ..replay(ReplayTarget::Source) }).await.unwrap();
-    assert_eq!((dry.replayed, dry.covered.clone(), dry.dry_run), (3, vec![(0, 0, 3)], true));
+    let covered = PartitionReplay { partition: 0, from: 0, to: 3, replayed: 3, position: 0, error: None };
+    assert_eq!((dry.replayed, dry.partitions.clone(), dry.dry_run), (3, vec![covered], true));
     assert_eq!(admin.status().await.unwrap().backlog, 3, "a dry run changes nothing");
 
     let done = admin.replay(&replay(ReplayTarget::Source)).await.unwrap();
@@ -84,11 +85,13 @@ async fn replay_to_the_first_rung_and_the_loop_guard() {
     let report = admin.replay(&replay(ReplayTarget::FirstRetry)).await.unwrap();
     assert_eq!(report.replayed, 1);
     assert_eq!(report.skipped.len(), 1, "{report:?}");
-    assert!(report.skipped[0].2.contains("replayed 3 times already"), "{report:?}");
+    assert!(report.skipped[0].reason.contains("replayed 3 times already"), "{report:?}");
     assert_eq!(admin.status().await.unwrap().backlog, 1, "the refused record stays in the backlog");
     eventually("x on the first rung", SETTLE, || async { (handler.attempts("x") == [1, 2]).then_some(()) }).await;
 
-    let lifted = admin.replay(&ReplayRequest { max_replays: None, ..replay(ReplayTarget::FirstRetry) }).await.unwrap();
+    let mut lifted = replay(ReplayTarget::FirstRetry);
+    lifted.guards.max_replays = None;
+    let lifted = admin.replay(&lifted).await.unwrap();
     assert_eq!(lifted.replayed, 1);
     assert_eq!(admin.status().await.unwrap().backlog, 0);
     listener.shutdown().await;
@@ -98,13 +101,166 @@ async fn replay_to_the_first_rung_and_the_loop_guard() {
 async fn acknowledging_drops_records_from_the_backlog_without_replaying() {
     let (ladder, handler, listener) = with_dead_letters("ack", &["p", "q", "r"]).await;
     let admin = admin(&ladder).await;
-    assert_eq!(admin.acknowledge(0, 1).await.unwrap(), 2);
+    assert_eq!(admin.acknowledge(0, &Acknowledgement::UpTo(1)).await.unwrap().next(), 2);
     assert_eq!(admin.status().await.unwrap().backlog, 1);
-    assert_eq!(admin.acknowledge(0, 0).await.unwrap(), 2, "never moves back");
-    let only_r = ReplayRequest { keys: Some(vec![Bytes::from_static(b"r")]), ..replay(ReplayTarget::Source) };
+    assert_eq!(admin.acknowledge(0, &Acknowledgement::UpTo(0)).await.unwrap().next(), 2, "never moves back");
+    let only_r = ReplayRequest { selection: keys(&["r"]), ..replay(ReplayTarget::Source) };
     assert_eq!(admin.replay(&only_r).await.unwrap().replayed, 1);
     eventually("r replayed", SETTLE, || async { (handler.attempts("r") == [1, 1]).then_some(()) }).await;
     assert_eq!(handler.attempts("p"), [1], "acknowledged records are not replayed");
     assert_eq!(admin.browse(0, 0, 10).await.unwrap().len(), 3, "they stay in the topic for audit");
+    listener.shutdown().await;
+}
+
+/// A replay by key replays the records in the middle of the backlog and
+/// records them with the operators' position: repeating it replays nothing,
+/// and a replay of everything later skips them.
+#[tokio::test]
+async fn targeted_replays_are_recorded_and_never_repeated_needs_commit_metadata() {
+    let (ladder, handler, listener) = with_dead_letters("replay-targeted", &["a", "b", "c"]).await;
+    let admin = admin(&ladder).await;
+    let only_b = ReplayRequest { selection: keys(&["b"]), ..replay(ReplayTarget::Source) };
+    assert_eq!(admin.replay(&only_b).await.unwrap().replayed, 1);
+    assert_eq!(admin.replay(&only_b).await.unwrap().replayed, 0, "a repeat replays nothing");
+    let status = admin.status().await.unwrap();
+    let p = &status.partitions[0];
+    assert_eq!((p.acknowledged, p.handled_above, p.backlog), (Some(0), 1, 2), "{status:?}");
+
+    let by_offset = ReplayRequest {
+        selection: ReplaySelection { offsets: Some([1, 2].into()), ..Default::default() },
+        ..replay(ReplayTarget::Source)
+    };
+    assert_eq!(admin.replay(&by_offset).await.unwrap().replayed, 1, "b was replayed already, c was not");
+    let everything = admin.replay(&replay(ReplayTarget::Source)).await.unwrap();
+    assert_eq!(everything.replayed, 1, "only a is left: {everything:?}");
+    let status = admin.status().await.unwrap();
+    assert_eq!((status.partitions[0].acknowledged, status.partitions[0].handled_above, status.backlog), (Some(3), 0, 0));
+    eventually("each replayed once", SETTLE, || async {
+        (["a", "b", "c"].iter().all(|k| handler.attempts(k) == [1, 1])).then_some(())
+    })
+    .await;
+    listener.shutdown().await;
+}
+
+/// Runs `work` on a runtime of its own, in a thread of its own, and waits
+/// for it: for acting from inside a replay's progress callback.
+fn meanwhile<T: Send>(work: impl std::future::Future<Output = T> + Send) -> T {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(work))
+            .join()
+            .unwrap()
+    })
+}
+
+/// Twenty-six dead letters `d00`..`d25`, one batch each.
+async fn many_dead_letters(name: &str) -> (Ladder, std::sync::Arc<Scripted>, retry_kafka::Listener) {
+    let names: Vec<String> = (0..26).map(|i| format!("d{i:02}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (ladder, handler, listener) = with_dead_letters(name, &names).await;
+    (ladder, handler, listener)
+}
+
+/// An operator acknowledges records while a replay runs on the same
+/// instance: the replay neither replays them nor commits a position behind
+/// the acknowledgement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledgement_during_a_replay_is_never_undone() {
+    let (ladder, handler, listener) = many_dead_letters("replay-ack-meanwhile").await;
+    // One record per page, so the replay reads in many steps.
+    let admin = admin(&ladder).await.with_page_bytes(1);
+    let mut acknowledged = false;
+    let limited = ReplayRequest {
+        selection: ReplaySelection { limit: Some(5), ..Default::default() },
+        ..replay(ReplayTarget::Source)
+    };
+    let report = admin
+        .replay_reporting(&limited, |_| {
+            if !acknowledged {
+                acknowledged = true;
+                // The replay has started and read the status (nothing
+                // acknowledged yet); the operator acknowledges meanwhile.
+                let ack = tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current().block_on(admin.acknowledge(0, &Acknowledgement::UpTo(19)))
+                });
+                assert_eq!(ack.unwrap().next(), 20);
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(report.replayed, 5, "{report:?}");
+    let status = admin.status().await.unwrap();
+    assert_eq!(status.partitions[0].acknowledged, Some(25), "20 acknowledged, then 5 replayed: {status:?}");
+    // Records of different keys are dead-lettered in any order: go by offset.
+    let by_offset: Vec<String> = admin
+        .browse(0, 0, 26)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| String::from_utf8_lossy(d.key.as_deref().unwrap()).into_owned())
+        .collect();
+    eventually("offsets 20 to 24 replayed", SETTLE, || async {
+        (by_offset[20..25].iter().all(|k| handler.attempts(k) == [1, 1])).then_some(())
+    })
+    .await;
+    for key in &by_offset[..20] {
+        assert_eq!(handler.attempts(key), [1], "{key} was acknowledged, not replayed");
+    }
+    listener.shutdown().await;
+}
+
+/// Two instances share the operators' group: while one replays, the
+/// other's replay is refused, its acknowledgement goes through, and it may
+/// replay once the first is done (finding nothing left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replay_at_a_time_across_instances_needs_leader_reelection() {
+    let (ladder, _handler, listener) = many_dead_letters("replay-exclusive").await;
+    let first = admin(&ladder).await.with_page_bytes(1);
+    let mut refused = None;
+    let report = first
+        .replay_reporting(&replay(ReplayTarget::Source), |report| {
+            if refused.is_none() && report.replayed > 0 {
+                refused = Some(meanwhile(async {
+                    let second = self::admin(&ladder).await;
+                    let replayed = second.replay(&replay(ReplayTarget::Source)).await;
+                    let acknowledged = second.acknowledge(0, &Acknowledgement::UpTo(0)).await;
+                    (replayed, acknowledged)
+                }));
+            }
+        })
+        .await
+        .unwrap();
+    let (refused, acknowledged) = refused.expect("the second instance tried");
+    // Acknowledgements go on during a replay, and it does not undo them.
+    assert!(acknowledged.unwrap().next() >= 1);
+    assert_eq!(report.replayed, 26, "the holder kept the lock through the other's attempt: {report:?}");
+    match refused {
+        Err(Error::ReplayElsewhere { holder, .. }) => assert!(holder.starts_with("member "), "{holder}"),
+        other => panic!("expected ReplayElsewhere, got {other:?}"),
+    }
+    let second = admin(&ladder).await;
+    assert_eq!(second.replay(&replay(ReplayTarget::Source)).await.unwrap().replayed, 0, "the lock is free again");
+    listener.shutdown().await;
+}
+
+/// On a broker that drops offset-commit metadata (tansu), a record a
+/// replay or an acknowledgement would handle above the operators' position
+/// is refused with the reason; records that follow on from it are not.
+#[tokio::test]
+async fn drops_commit_metadata_a_record_above_the_position_is_refused_with_the_reason() {
+    let (ladder, handler, listener) = with_dead_letters("replay-drops-metadata", &["a", "b", "c"]).await;
+    let admin = admin(&ladder).await;
+    let last = admin.browse(0, 2, 1).await.unwrap().remove(0);
+    let last_key = String::from_utf8_lossy(last.key.as_deref().unwrap()).into_owned();
+    let targeted = ReplayRequest { selection: keys(&[&last_key]), ..replay(ReplayTarget::Source) };
+    let report = admin.replay(&targeted).await.unwrap();
+    assert_eq!((report.replayed, report.skipped_total), (0, 1), "{report:?}");
+    assert!(report.skipped[0].reason.contains("drops offset-commit metadata"), "{report:?}");
+    let refused = admin.acknowledge(0, &Acknowledgement::Offsets([2].into())).await.unwrap_err();
+    assert!(matches!(refused, Error::NotRecordable(_)), "{refused:?}");
+    // In order, both work.
+    assert_eq!(admin.acknowledge(0, &Acknowledgement::Offsets([0, 1].into())).await.unwrap().next(), 2);
+    assert_eq!(admin.replay(&targeted).await.unwrap().replayed, 1);
+    eventually("the last replayed", SETTLE, || async { (handler.attempts(&last_key) == [1, 1]).then_some(()) }).await;
     listener.shutdown().await;
 }

@@ -110,6 +110,24 @@ pub enum Error {
         /// The broker's error.
         error: crate::protocol::ResponseError,
     },
+    /// Another instance replays this dead-letter topic.
+    #[error("a replay is running on another instance ({holder}, operators' group {group}): wait for it to end")]
+    ReplayElsewhere {
+        /// The operators' group.
+        group: String,
+        /// The instance that holds the replay lock.
+        holder: String,
+    },
+    /// The replay lock was lost midway (the group's session expired): what
+    /// was committed before stays, a repeat goes on from there.
+    #[error("the replay lock of operators' group {group} was lost: repeat the replay to go on")]
+    ReplayLockLost {
+        /// The operators' group.
+        group: String,
+    },
+    /// Records cannot be handled out of order here (see the reason).
+    #[error("{0}")]
+    NotRecordable(String),
     /// rskafka (produce, fetch, metadata) failed.
     #[error("{what}: {source}")]
     Client {

@@ -27,10 +27,14 @@ pub(crate) struct Jobs {
     running: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// One job: its state, and a signal that turns true when it ends.
+/// One job: its state, and signals for its start (the replay lock held)
+/// and its end.
 pub(crate) struct Job {
     state: Mutex<ReplayJob>,
+    started: watch::Sender<bool>,
     done: watch::Sender<bool>,
+    /// Whether it ended because another instance replays.
+    elsewhere: std::sync::atomic::AtomicBool,
 }
 
 impl Job {
@@ -47,6 +51,23 @@ impl Job {
         let mut done = self.done.subscribe();
         let _ = tokio::time::timeout(limit, done.wait_for(|done| *done)).await;
         self.snapshot()
+    }
+
+    /// Waits (up to `limit`) until the job started or ended; `Err` with the
+    /// reason when it could not start because another instance replays.
+    pub(crate) async fn wait_started(&self, limit: Duration) -> Result<(), String> {
+        let (mut started, mut done) = (self.started.subscribe(), self.done.subscribe());
+        let _ = tokio::time::timeout(limit, async {
+            tokio::select! {
+                _ = started.wait_for(|s| *s) => {}
+                _ = done.wait_for(|d| *d) => {}
+            }
+        })
+        .await;
+        if self.elsewhere.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(self.snapshot().error.unwrap_or_default());
+        }
+        Ok(())
     }
 }
 
@@ -70,7 +91,12 @@ impl Jobs {
             let running = jobs.iter().map(|j| j.snapshot()).find(|j| j.state == JobState::Running);
             return Err(running.map(|j| j.id).unwrap_or_default());
         };
-        let entry = Arc::new(Job { state: Mutex::new(job), done: watch::Sender::new(false) });
+        let entry = Arc::new(Job {
+            state: Mutex::new(job),
+            started: watch::Sender::new(false),
+            done: watch::Sender::new(false),
+            elsewhere: Default::default(),
+        });
         {
             let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
             jobs.push_back(entry.clone());
@@ -83,6 +109,7 @@ impl Jobs {
             let progress_of = job.clone();
             let progress = Box::new(move |report: &ReplayReport| {
                 progress_of.update(|state| state.report = ReplayOutcome::from(report));
+                progress_of.started.send_replace(true);
             });
             let outcome = store.replay(&request, progress).await;
             job.update(|state| {
@@ -93,8 +120,11 @@ impl Jobs {
                         state.report = ReplayOutcome::from(&report);
                     }
                     Err(e) => {
+                        if matches!(e, retry_kafka::Error::ReplayElsewhere { .. }) {
+                            job.elsewhere.store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
                         state.state = JobState::Failed;
-                        state.error = Some(format!("kafka: {e}"));
+                        state.error = Some(e.to_string());
                     }
                 }
             });

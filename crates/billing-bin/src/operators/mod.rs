@@ -118,7 +118,11 @@ impl IntoResponse for Refusal {
 
 impl From<retry_kafka::Error> for Refusal {
     fn from(e: retry_kafka::Error) -> Self {
-        Refusal(StatusCode::BAD_GATEWAY, format!("kafka: {e}"))
+        match e {
+            // The request is fine, the broker cannot record it: say why.
+            retry_kafka::Error::NotRecordable(reason) => Refusal(StatusCode::CONFLICT, reason),
+            e => Refusal(StatusCode::BAD_GATEWAY, format!("kafka: {e}")),
+        }
     }
 }
 
@@ -350,6 +354,8 @@ pub(crate) async fn replay<S: DeadLetterStore>(
     let started = ops.jobs.start(ops.store.clone(), request, job).map_err(|running| {
         Refusal(StatusCode::CONFLICT, format!("a replay of {topic} is already running (job {running})"))
     })?;
+    // Another instance replaying is a refusal, not a failed job to look up.
+    started.wait_started(ops.wait_limit).await.map_err(|elsewhere| Refusal(StatusCode::CONFLICT, elsewhere))?;
     let job = if query.wait { started.wait(ops.wait_limit).await } else { started.snapshot() };
     let status = if job.state == JobState::Running { StatusCode::ACCEPTED } else { StatusCode::OK };
     let outcome = format!(

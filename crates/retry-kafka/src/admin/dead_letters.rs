@@ -21,6 +21,7 @@ use crate::{
     protocol::group::GroupClient,
     publisher::Outgoing,
     publisher::Publisher,
+    admin::replay_lock::ReplayLock,
     ConnectionConfig, Error, Result,
 };
 
@@ -177,13 +178,26 @@ pub const MAX_SKIPPED_SHOWN: usize = 100;
 /// Operations on one ladder's dead-letter topic.
 pub struct DeadLetterAdmin {
     cluster: Arc<Cluster>,
+    connection: ConnectionConfig,
     policy: RetryPolicy,
     operators: Mutex<GroupClient>,
     publisher: Publisher,
+    /// The replay lock while this instance replays: commits go through its generation.
+    lock: std::sync::Mutex<Option<Arc<ReplayLock>>>,
+    /// This instance's name in the operators' group, for the others' refusals.
+    instance: String,
+    page_bytes: i32,
+    /// Whether the broker keeps offset-commit metadata, where records
+    /// handled out of order are recorded; learnt when first needed.
+    keeps_metadata: tokio::sync::OnceCell<bool>,
 }
 
 /// The most bytes read per fetch while browsing or replaying.
 const FETCH_BYTES: i32 = 1 << 20;
+
+/// The largest page a replay grows to when the broker answers a smaller one
+/// with nothing (a record larger than the page).
+const MAX_PAGE_BYTES: i32 = 64 << 20;
 
 impl DeadLetterAdmin {
     /// Connects to the cluster for `policy`'s dead-letter topic, with the
@@ -206,10 +220,44 @@ impl DeadLetterAdmin {
                 crate::consumer::listener::DEFAULT_MAX_REQUEST_BYTES,
                 Default::default(),
             ),
-            operators: Mutex::new(GroupClient::new(connection, operators_group)),
+            operators: Mutex::new(GroupClient::new(connection.clone(), operators_group)),
+            connection,
             cluster,
             policy,
+            lock: std::sync::Mutex::new(None),
+            instance: instance_name(),
+            page_bytes: FETCH_BYTES,
+            keeps_metadata: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Whether the broker keeps what a commit's metadata says: commits the
+    /// current position again, with its (never empty) metadata, and reads it
+    /// back. tansu 0.6, for one, answers every commit's metadata empty.
+    async fn keeps_metadata(&self, operators: &mut GroupClient, partition: i32, earliest: i64) -> Result<bool> {
+        if let Some(kept) = self.keeps_metadata.get() {
+            return Ok(*kept);
+        }
+        let current = self.position(operators, partition, earliest).await?;
+        self.commit_position(operators, partition, earliest, &current).await?;
+        let tp = (self.topic().to_owned(), partition);
+        let read = operators.committed_with_metadata(std::slice::from_ref(&tp)).await?;
+        let kept = read.get(&tp).and_then(|(_, metadata)| metadata.as_deref()).is_some_and(|m| !m.is_empty());
+        if !kept {
+            tracing::warn!(group = operators.group_id(), "the broker drops offset-commit metadata: records cannot be replayed or acknowledged out of order");
+        }
+        Ok(*self.keeps_metadata.get_or_init(|| async { kept }).await)
+    }
+
+    /// Reads pages of at most `bytes` (1 MiB by default) while replaying:
+    /// what a replay holds in memory at once.
+    pub fn with_page_bytes(mut self, bytes: usize) -> Self {
+        self.page_bytes = i32::try_from(bytes).unwrap_or(i32::MAX).max(1);
+        self
+    }
+
+    fn held_lock(&self) -> Option<Arc<ReplayLock>> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn topic(&self) -> &str {
@@ -347,6 +395,8 @@ impl DeadLetterAdmin {
 
     /// Commits `position` merged with the group's current one, so that
     /// nothing handled meanwhile is undone; returns what was committed.
+    /// While this instance replays, it first checks that it still holds
+    /// the replay lock.
     async fn commit_position(
         &self,
         operators: &mut GroupClient,
@@ -354,6 +404,9 @@ impl DeadLetterAdmin {
         earliest: i64,
         position: &OperatorsPosition,
     ) -> Result<OperatorsPosition> {
+        if self.held_lock().is_some_and(|lock| lock.generation().is_none()) {
+            return Err(Error::ReplayLockLost { group: lock_group(operators.group_id()) });
+        }
         let merged = position.merge(&self.position(operators, partition, earliest).await?);
         let commit = BTreeMap::from([((self.topic().to_owned(), partition), (merged.next(), Some(merged.metadata())))]);
         operators.commit_with_metadata(-1, "", &commit).await?;
@@ -372,7 +425,11 @@ impl DeadLetterAdmin {
             Acknowledgement::UpTo(offset) => position.handle_before(offset.saturating_add(1)),
             Acknowledgement::Offsets(offsets) => {
                 for offset in offsets {
-                    position.handle(*offset).map_err(|full| Error::Config(full.to_string()))?;
+                    position.handle(*offset).map_err(|full| Error::NotRecordable(full.to_string()))?;
+                }
+                if position.handled_above(i64::MAX) > 0 && !self.keeps_metadata(&mut operators, partition, earliest).await?
+                {
+                    return Err(Error::NotRecordable(NO_METADATA.to_owned()));
                 }
             }
         }
@@ -400,6 +457,26 @@ impl DeadLetterAdmin {
         request: &ReplayRequest,
         mut progress: impl FnMut(&ReplayReport),
     ) -> Result<ReplayReport> {
+        let lock = if request.dry_run {
+            None
+        } else {
+            let group = lock_group(self.operators.lock().await.group_id());
+            Some(Arc::new(ReplayLock::acquire(self.connection.clone(), &group, &self.instance).await?))
+        };
+        *self.lock.lock().unwrap_or_else(|p| p.into_inner()) = lock.clone();
+        let outcome = self.replay_locked(request, &mut progress).await;
+        *self.lock.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Some(lock) = lock {
+            lock.release().await;
+        }
+        outcome
+    }
+
+    async fn replay_locked(
+        &self,
+        request: &ReplayRequest,
+        progress: &mut impl FnMut(&ReplayReport),
+    ) -> Result<ReplayReport> {
         let status = self.status().await?;
         let mut report = ReplayReport {
             target: self.policy.replay_topic(request.target).to_string(),
@@ -409,11 +486,13 @@ impl DeadLetterAdmin {
             skipped: Vec::new(),
             partitions: Vec::new(),
         };
+        // Started: the lock is held (or not needed).
+        progress(&report);
         for p in status.partitions.iter().filter(|p| request.selection.visits(p.partition)) {
             if request.selection.limit_reached(report.replayed) {
                 break;
             }
-            let outcome = self.replay_partition(request, p, &mut report, &mut progress).await;
+            let outcome = self.replay_partition(request, p, &mut report, progress).await;
             if let Err(e) = outcome {
                 if let Some(last) = report.partitions.last_mut().filter(|last| last.partition == p.partition) {
                     last.error = Some(e.to_string());
@@ -446,14 +525,32 @@ impl DeadLetterAdmin {
             error: None,
         });
         let selection = &request.selection;
+        let mut page_bytes = self.page_bytes;
         let mut next_read = selection.first_offset_from(position.next());
         while let Some(from) = next_read.filter(|from| *from < p.end) {
             if selection.limit_reached(report.replayed) {
                 break;
             }
-            let what = || format!("reading {}/{}", self.topic(), p.partition);
-            let (records, _) =
-                deadline(self.cluster.request_timeout(), what, pc.fetch_records(from, 1..FETCH_BYTES, 0)).await?;
+            // What operators acknowledged meanwhile is not replayed.
+            position = {
+                let mut operators = self.operators.lock().await;
+                position.merge(&self.position(&mut operators, p.partition, p.earliest).await?)
+            };
+            report.partitions[at].position = position.next();
+            let Some(from) = selection.first_offset_from(from.max(position.next())).filter(|from| *from < p.end) else {
+                break;
+            };
+            let records = loop {
+                let what = || format!("reading {}/{}", self.topic(), p.partition);
+                let fetch = pc.fetch_records(from, 1..page_bytes, 0);
+                let (records, _) = deadline(self.cluster.request_timeout(), what, fetch).await?;
+                // Kafka answers at least one batch however small the page;
+                // brokers that answer nothing get a larger page, kept from then on.
+                if records.iter().any(|r| r.offset >= from) || page_bytes >= MAX_PAGE_BYTES {
+                    break records;
+                }
+                page_bytes = page_bytes.saturating_mul(2).min(MAX_PAGE_BYTES);
+            };
             let now = Timestamp::from(std::time::SystemTime::now());
             let mut page = position.clone();
             let mut outbox = Vec::new();
@@ -476,6 +573,11 @@ impl DeadLetterAdmin {
                         continue;
                     }
                 };
+                // Out of order: recorded in the commit's metadata, if the broker keeps it.
+                if r.offset != page.next() && !self.keeps_metadata(&mut *self.operators.lock().await, p.partition, p.earliest).await? {
+                    report.skip(p.partition, r.offset, NO_METADATA.to_owned());
+                    continue;
+                }
                 if let Err(full) = page.handle(r.offset) {
                     report.skip(p.partition, r.offset, full.to_string());
                     continue;
@@ -516,6 +618,29 @@ impl DeadLetterAdmin {
         }
         Ok(())
     }
+}
+
+/// Why a record cannot be handled out of order on some brokers.
+const NO_METADATA: &str = "cannot be recorded out of order: this broker drops offset-commit metadata, \
+    so a repeat would replay it again; replay or acknowledge the records before it first";
+
+/// The group whose leader holds the replay lock: apart from the operators'
+/// group, whose offsets every instance commits (acknowledgements included)
+/// without being a member.
+fn lock_group(operators_group: &str) -> String {
+    format!("{operators_group}.replay-lock")
+}
+
+/// This instance's name, as other instances are told when it holds the
+/// replay lock: the host and the process id.
+fn instance_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    format!("{host} pid {}", std::process::id())
 }
 
 /// What an acknowledgement covers.

@@ -1,9 +1,11 @@
 //! Administration: the ladder's topics (`topics`: explicit creation,
 //! start-up verification), the dead-letter topic (`dead_letters`: status,
-//! browse, replay, acknowledge; `dlq`: the backlog gauge) and a group's
+//! browse, replay, acknowledge; `replay_lock`: one replay at a time across
+//! instances; `dlq`: the backlog gauge) and a group's
 //! offsets seen from outside (`offsets`).
 
 pub(crate) mod dead_letters;
 pub(crate) mod dlq;
 pub(crate) mod offsets;
+pub(crate) mod replay_lock;
 pub(crate) mod topics;

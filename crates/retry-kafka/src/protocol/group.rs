@@ -6,6 +6,8 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
+use bytes::Bytes;
+
 use kafka_protocol::{
     messages::{
         join_group_request::JoinGroupRequestProtocol,
@@ -37,6 +39,23 @@ pub(crate) struct Joined {
     pub(crate) protocol: String,
     /// Every member's subscribed topics; only the leader gets them.
     pub(crate) members: BTreeMap<String, Vec<String>>,
+}
+
+/// A group protocol of our own: its type and its one protocol's name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawProtocol {
+    pub(crate) kind: &'static str,
+    pub(crate) name: &'static str,
+}
+
+/// What JoinGroup told us under a [`RawProtocol`].
+#[derive(Debug, Clone)]
+pub(crate) struct RawJoined {
+    pub(crate) generation_id: i32,
+    pub(crate) member_id: String,
+    pub(crate) leader_id: String,
+    /// Every member's metadata; only the leader gets them.
+    pub(crate) members: BTreeMap<String, Bytes>,
 }
 
 impl Joined {
@@ -191,6 +210,89 @@ impl GroupClient {
             api: "JoinGroup",
             reason: format!("group {} kept answering MEMBER_ID_REQUIRED", self.group_id),
         })
+    }
+
+    /// Joins (or rejoins) the group with a protocol of our own: not a
+    /// consumer's, so no consumer tool mistakes the members for consumers.
+    /// Handles MEMBER_ID_REQUIRED like [`join`](Self::join); `members`
+    /// (leader only) holds every member's `metadata`.
+    pub(crate) async fn join_raw(
+        &mut self,
+        member_id: &mut String,
+        protocol: &RawProtocol,
+        metadata: Bytes,
+        session_timeout: Duration,
+        rebalance_timeout: Duration,
+    ) -> Result<RawJoined> {
+        for _ in 0..3 {
+            let request = JoinGroupRequest::default()
+                .with_group_id(GroupId(str_bytes(&self.group_id)))
+                .with_session_timeout_ms(millis(session_timeout))
+                .with_rebalance_timeout_ms(millis(rebalance_timeout))
+                .with_member_id(str_bytes(member_id))
+                .with_protocol_type(str_bytes(protocol.kind))
+                .with_protocols(vec![JoinGroupRequestProtocol::default()
+                    .with_name(str_bytes(protocol.name))
+                    .with_metadata(metadata.clone())]);
+            let wait = rebalance_timeout + self.config.request_timeout;
+            let result = async { self.coordinator().await?.send_within(&request, wait).await }.await;
+            let (response, _) = self.observe(result)?;
+            match ResponseError::try_from_code(response.error_code) {
+                Some(ResponseError::MemberIdRequired) => {
+                    *member_id = response.member_id.to_string();
+                    continue;
+                }
+                Some(error) => {
+                    let result = Err(Error::Broker { api: "JoinGroup", context: Some(self.group_context()), error });
+                    return self.observe(result);
+                }
+                None => {}
+            }
+            *member_id = response.member_id.to_string();
+            return Ok(RawJoined {
+                generation_id: response.generation_id,
+                member_id: member_id.clone(),
+                leader_id: response.leader.to_string(),
+                members: response.members.iter().map(|m| (m.member_id.to_string(), m.metadata.clone())).collect(),
+            });
+        }
+        Err(Error::Protocol {
+            addr: String::new(),
+            api: "JoinGroup",
+            reason: format!("group {} kept answering MEMBER_ID_REQUIRED", self.group_id),
+        })
+    }
+
+    /// Completes a rebalance under our own protocol: the leader sends every
+    /// member's assignment, the others none; everyone gets their own back.
+    pub(crate) async fn sync_raw(
+        &mut self,
+        joined: &RawJoined,
+        protocol: &RawProtocol,
+        assignments: &BTreeMap<String, Bytes>,
+        rebalance_timeout: Duration,
+    ) -> Result<Bytes> {
+        let request = SyncGroupRequest::default()
+            .with_group_id(GroupId(str_bytes(&self.group_id)))
+            .with_generation_id(joined.generation_id)
+            .with_member_id(str_bytes(&joined.member_id))
+            .with_protocol_type(Some(str_bytes(protocol.kind)))
+            .with_protocol_name(Some(str_bytes(protocol.name)))
+            .with_assignments(
+                assignments
+                    .iter()
+                    .map(|(member, a)| {
+                        SyncGroupRequestAssignment::default().with_member_id(str_bytes(member)).with_assignment(a.clone())
+                    })
+                    .collect(),
+            );
+        let wait = rebalance_timeout + self.config.request_timeout;
+        let result = async { self.coordinator().await?.send_within(&request, wait).await }.await;
+        let (response, _) = self.observe(result)?;
+        let context = self.group_context();
+        let result = check("SyncGroup", || context, response.error_code);
+        self.observe(result)?;
+        Ok(response.assignment)
     }
 
     /// Completes a rebalance: the leader sends every member's assignment,
