@@ -438,25 +438,38 @@ async fn an_unreachable_broker_is_named_within_a_bounded_time() {
     assert!(started.elapsed() < Duration::from_secs(25), "took {:?}", started.elapsed());
 }
 
+/// The provider answers after the service's 1 s timeout. One order's
+/// charge is still pending when the retry comes (409, then "pending" when
+/// asked): it is retried again and confirmed once it succeeded, never
+/// charged twice. The other's charge fails after the retry heard 409: a
+/// service that took the 409 for "charged" would lose it; this one asks,
+/// hears "pending", retries, and charges it.
 #[tokio::test]
 async fn a_provider_answer_that_comes_too_late_is_retried_and_not_charged_twice() {
-    let setup = Setup::new("billing-late");
+    let setup = Setup { schedule: "1s,2s", ..Setup::new("billing-late") };
     setup.create_topics().await;
     let provider = FakeProvider::start(Faults::default()).await;
-    let (order, json) = event(r#""42.00""#);
-    // The provider books the charge, but answers after the service's 1 s timeout.
-    provider.script(&order.to_string(), Script::Hang { times: 1, delay: Duration::from_secs(3) });
+    let (late, late_json) = event(r#""42.00""#);
+    let (failing, failing_json) = event(r#""43.00""#);
+    provider.script(&late.to_string(), Script::Hang { times: 1, delay: Duration::from_millis(2500) });
+    provider.script(&failing.to_string(), Script::FailLate { delay: Duration::from_millis(2500) });
     let service = setup.start(&provider).await;
-    produce(&setup.topic, 1, &order.to_string(), &json, &[]).await;
+    produce(&setup.topic, 1, &late.to_string(), &late_json, &[]).await;
+    produce(&setup.topic, 0, &failing.to_string(), &failing_json, &[]).await;
 
-    eventually("the retry to be answered 409", SETTLE, || async {
-        (provider.requests().get(&409).copied().unwrap_or(0) == 1).then_some(())
+    // Each is settled by its third request: the first timed out, the
+    // second heard 409 and "pending", the third confirms (late) or charges
+    // (failing).
+    eventually("both settled", SETTLE, || async {
+        let settled = |order: &Uuid| provider.charges_for(&order.to_string()).first().is_some_and(|c| c.requests >= 3);
+        (settled(&late) && settled(&failing)).then_some(())
     })
     .await;
+    let log = service.log();
     service.stop().await;
-    let charges = provider.charges_for(&order.to_string());
-    assert_eq!(charges.len(), 1, "{charges:?}");
-    assert_eq!(charges[0].requests, 2, "the timed-out request, then the retry");
+    assert_eq!(provider.charges_for(&late.to_string()).len(), 1);
+    assert_eq!(provider.charges_for(&failing.to_string()).len(), 1);
+    assert!(log.contains("still processing an earlier charge"), "the retries heard \"pending\": {log}");
     assert!(dead_letters(&setup).await.is_empty());
 }
 
