@@ -572,7 +572,8 @@ async fn operators_replay_and_acknowledge_dead_letters_through_the_guarded_api()
     assert_eq!(listing["topics"][0]["topic"], dlq.as_str());
     assert_eq!(listing["topics"][0]["backlog"], 2);
     let partition = dead_partition(&setup).await;
-    let (status, page) = call(&service, Method::GET, &format!("/admin/dlq/{dlq}/messages?limit=10"), Some(TOKEN), None).await;
+    let (status, page) =
+        call(&service, Method::GET, &format!("/admin/dlq/{dlq}/messages?limit=10"), Some(TOKEN), None).await;
     assert_eq!(status, 200, "{page}");
     let messages = page["messages"].as_array().unwrap();
     assert_eq!(messages.len(), 2, "every partition, from the operators' position");
@@ -587,7 +588,11 @@ async fn operators_replay_and_acknowledge_dead_letters_through_the_guarded_api()
     let source_target = format!("/admin/dlq/{dlq}/replay?target_topic={}&wait=true", setup.topic);
     let first_only = Some(r#"{"limit": 1, "dry_run": true}"#.to_owned());
     let (status, dry) = call(&service, Method::POST, &source_target, Some(TOKEN), first_only).await;
-    assert_eq!((status, dry["state"].as_str(), dry["report"]["replayed"].as_u64()), (200, Some("succeeded"), Some(1)), "{dry}");
+    assert_eq!(
+        (status, dry["state"].as_str(), dry["report"]["replayed"].as_u64()),
+        (200, Some("succeeded"), Some(1)),
+        "{dry}"
+    );
     let backlog = format!(r#"kafka_retry_dlq_backlog{{topic="{dlq}"}}"#);
     eventually("a backlog of two", SETTLE, || async { (service.metric(&backlog).await == Some(2.0)).then_some(()) })
         .await;

@@ -134,7 +134,10 @@ async fn targeted_replays_are_recorded_and_never_repeated_needs_commit_metadata(
     let everything = admin.replay(&replay(ReplayTarget::Source)).await.unwrap();
     assert_eq!(everything.replayed, 1, "only a is left: {everything:?}");
     let status = admin.status().await.unwrap();
-    assert_eq!((status.partitions[0].acknowledged, status.partitions[0].handled_above, status.backlog), (Some(3), 0, 0));
+    assert_eq!(
+        (status.partitions[0].acknowledged, status.partitions[0].handled_above, status.backlog),
+        (Some(3), 0, 0)
+    );
     eventually("each replayed once", SETTLE, || async {
         (["a", "b", "c"].iter().all(|k| handler.attempts(k) == [1, 1])).then_some(())
     })

@@ -382,12 +382,7 @@ impl Books {
 
     /// What `order_id`'s script or random fault does to its `attempt`-th
     /// request: fail with a status, or go on (after a delay, to fail late).
-    fn fault(
-        &mut self,
-        faults: &Faults,
-        order_id: &str,
-        attempt: u32,
-    ) -> Result<Processing, (StatusCode, String)> {
+    fn fault(&mut self, faults: &Faults, order_id: &str, attempt: u32) -> Result<Processing, (StatusCode, String)> {
         if let Some(script) = self.scripts.get_mut(order_id) {
             return match script {
                 Script::FailTimes { times } if *times > 0 => {
@@ -486,8 +481,9 @@ fn book(
 
     let now = Instant::now();
     if let Some(earlier) = books.remembered(&key, faults.key_ttl, now) {
-        let same = (&earlier.charge.order_id, &earlier.charge.customer_id, &earlier.charge.amount, &earlier.charge.currency)
-            == (&request.order_id, &request.customer_id, &request.amount, &request.currency);
+        let same =
+            (&earlier.charge.order_id, &earlier.charge.customer_id, &earlier.charge.amount, &earlier.charge.currency)
+                == (&request.order_id, &request.customer_id, &request.amount, &request.currency);
         let conflict = match earlier.status(now) {
             _ if !same => Some("idempotency key already used with other parameters"),
             Status::Pending => Some("a charge under this idempotency key is still being processed"),
@@ -518,7 +514,8 @@ fn book(
     let answer = if processing.fails {
         refuse(StatusCode::BAD_GATEWAY, "the charge failed while being processed: try again")
     } else {
-        let body = serde_json::json!({ "charge_id": charge_id(index), "order_id": request.order_id, "status": "charged" });
+        let body =
+            serde_json::json!({ "charge_id": charge_id(index), "order_id": request.order_id, "status": "charged" });
         (StatusCode::CREATED, Json(body))
     };
     Ok((answer, processing.delay))

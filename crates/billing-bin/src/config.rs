@@ -371,7 +371,9 @@ impl RunArgs {
     /// The limits of both HTTP listeners.
     pub(crate) fn http_limits(&self) -> Result<crate::http::HttpLimits, Failure> {
         if self.http_header_read_timeout.is_zero() || self.http_request_timeout.is_zero() {
-            return Err(Failure::Config("HTTP_HEADER_READ_TIMEOUT and HTTP_REQUEST_TIMEOUT must be longer than zero".into()));
+            return Err(Failure::Config(
+                "HTTP_HEADER_READ_TIMEOUT and HTTP_REQUEST_TIMEOUT must be longer than zero".into(),
+            ));
         }
         if self.http_max_connections == 0 {
             return Err(Failure::Config("HTTP_MAX_CONNECTIONS must be at least 1".into()));

@@ -78,11 +78,9 @@ pub(crate) async fn run(kafka: &KafkaArgs, args: &DlqArgs) -> Result<(), Failure
                      what was replayed is committed, repeat the command for the rest",
                     job.id
                 ))),
-                JobState::Failed => Err(Failure::Runtime(format!(
-                    "replay job {} failed: {}",
-                    job.id,
-                    job.error.unwrap_or_default()
-                ))),
+                JobState::Failed => {
+                    Err(Failure::Runtime(format!("replay job {} failed: {}", job.id, job.error.unwrap_or_default())))
+                }
             };
         }
         DlqAction::Ack { partition, up_to_offset, offsets } => {
@@ -100,7 +98,8 @@ pub(crate) async fn run(kafka: &KafkaArgs, args: &DlqArgs) -> Result<(), Failure
 }
 
 fn parse_job(answer: Value) -> Result<ReplayJob, Failure> {
-    serde_json::from_value(answer).map_err(|e| Failure::Runtime(format!("the service's answer is not a replay job: {e}")))
+    serde_json::from_value(answer)
+        .map_err(|e| Failure::Runtime(format!("the service's answer is not a replay job: {e}")))
 }
 
 struct Client {

@@ -110,6 +110,8 @@ pub(crate) async fn serve(setting: &str, addr: SocketAddr, app: Router, limits: 
 async fn deadline(State(limit): State<Duration>, request: Request, next: Next) -> Response {
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, format!("the request took longer than {limit:?}\n")).into_response(),
+        Err(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("the request took longer than {limit:?}\n")).into_response()
+        }
     }
 }

@@ -224,10 +224,7 @@ impl ChargeHandler {
             "succeeded" => Ok(ChargeOutcome::AlreadyCharged),
             "pending" => Err(Error::ChargePending { key }),
             "failed" => Err(Error::EarlierChargeFailed { key }),
-            other => Err(unreadable(format!(
-                "status {:?} is none of succeeded, pending, failed",
-                excerpt(other, 64)
-            ))),
+            other => Err(unreadable(format!("status {:?} is none of succeeded, pending, failed", excerpt(other, 64)))),
         }
     }
 

@@ -127,10 +127,7 @@ impl FromStr for MaxAmount {
         let amount = |text: &str| -> Result<Decimal, String> {
             match Decimal::from_str_exact(text.trim()) {
                 Ok(max) if max > Decimal::ZERO => Ok(max),
-                _ => Err(format!(
-                    "maximum amount {:?} is not a positive decimal number",
-                    crate::excerpt(text, 32)
-                )),
+                _ => Err(format!("maximum amount {:?} is not a positive decimal number", crate::excerpt(text, 32))),
             }
         };
         if !text.contains('=') {
@@ -138,9 +135,8 @@ impl FromStr for MaxAmount {
         }
         let mut limits = BTreeMap::new();
         for pair in text.split(',') {
-            let (code, max) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{:?} is not CURRENCY=AMOUNT", crate::excerpt(pair, 32)))?;
+            let (code, max) =
+                pair.split_once('=').ok_or_else(|| format!("{:?} is not CURRENCY=AMOUNT", crate::excerpt(pair, 32)))?;
             let currency: Currency = code.trim().parse()?;
             if limits.insert(currency, amount(max)?).is_some() {
                 return Err(format!("{currency} has two maximum amounts"));
@@ -309,9 +305,15 @@ mod tests {
         assert!(ISO_4217.windows(2).all(|w| w[0].0 < w[1].0));
     }
 
+    /// A code and what it parses to: the code and its minor units, or the error.
+    type CodeCase<'a> = (&'a str, Result<(&'a str, u32), &'a str>);
+
+    /// An amount, a currency, and the money or the error.
+    type CheckCase<'a> = (&'a str, Option<Currency>, Result<(&'a str, &'a str), &'a str>);
+
     #[test]
     fn codes() {
-        let table: &[(&str, Result<(&str, u32), &str>)] = &[
+        let table: &[CodeCase<'_>] = &[
             ("EUR", Ok(("EUR", 2))),
             ("JPY", Ok(("JPY", 0))),
             ("KWD", Ok(("KWD", 3))),
@@ -358,7 +360,7 @@ mod tests {
         let rules = rules("EUR,JPY,KWD", "EUR=10000,JPY=1500000,KWD=3000").unwrap();
         let d = |s: &str| s.parse::<Decimal>().unwrap();
         let c = |s: &str| Some(s.parse::<Currency>().unwrap());
-        let table: &[(&str, Option<Currency>, Result<(&str, &str), &str>)] = &[
+        let table: &[CheckCase<'_>] = &[
             ("120.5", None, Ok(("120.50", "EUR"))),
             ("120.5", c("EUR"), Ok(("120.50", "EUR"))),
             ("120", None, Ok(("120.00", "EUR"))),

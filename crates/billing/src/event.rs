@@ -78,7 +78,6 @@ impl OrderConfirmedEvent {
         event.validate().map_err(InvalidEvent::from_validation_errors)?;
         Ok(event)
     }
-
 }
 
 fn validate_total_amount(amount: &Decimal) -> Result<(), ValidationError> {
@@ -298,8 +297,7 @@ fn parse_amount(text: &str) -> Result<Decimal, AmountProblem> {
     // Too many digits: if some are past the decimals of every currency, that
     // is what to report, since the event would be rejected for it anyway.
     const MOST_MINOR_UNITS: i64 = 4;
-    let too_many_digits =
-        if power < -MOST_MINOR_UNITS { AmountProblem::TooPrecise } else { AmountProblem::OutOfRange };
+    let too_many_digits = if power < -MOST_MINOR_UNITS { AmountProblem::TooPrecise } else { AmountProblem::OutOfRange };
     if power < -MAX_SCALE {
         return Err(AmountProblem::TooPrecise);
     }

@@ -30,7 +30,7 @@
 //!     idle_connections: 64, // charges at once
 //! };
 //! let handler = ChargeHandler::new(provider, ChargeRules::default())?; // EUR, at most 10,000
-//! 
+//!
 //! // Hand `handler` to `retry_kafka::Listener::start`.
 //! # Ok(())
 //! # }

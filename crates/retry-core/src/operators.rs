@@ -233,14 +233,20 @@ mod tests {
                 "b" => position.handle_before(arg.parse().unwrap()),
                 "m" => {
                     let (next, meta) = arg.split_once(':').unwrap();
-                    let other =
-                        OperatorsPosition::new(Some(next.parse().unwrap()), Some(&format!("{METADATA_PREFIX}{meta}")), 0);
+                    let other = OperatorsPosition::new(
+                        Some(next.parse().unwrap()),
+                        Some(&format!("{METADATA_PREFIX}{meta}")),
+                        0,
+                    );
                     position = position.merge(&other);
                 }
                 _ => unreachable!("{step}"),
             }
         }
-        assert_eq!((position.next(), position.metadata().as_str()), (expected.0, &*format!("{METADATA_PREFIX}{}", expected.1)));
+        assert_eq!(
+            (position.next(), position.metadata().as_str()),
+            (expected.0, &*format!("{METADATA_PREFIX}{}", expected.1))
+        );
     }
 
     #[test]

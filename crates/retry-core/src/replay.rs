@@ -333,16 +333,27 @@ mod tests {
         };
         let mut foreign = Headers::new();
         foreign.insert("traceparent", "abc");
-        let table: Vec<(&str, Headers, Option<Duration>, Result<(), ReplayRefused>)> = vec![
+        type Case<'a> = (&'a str, Headers, Option<Duration>, Result<(), ReplayRefused>);
+        let table: Vec<Case<'_>> = vec![
             ("an hour old", aged(99 * HOUR as i64, "original"), window, Ok(())),
             ("just inside", aged(76 * HOUR as i64 + 1, "original"), window, Ok(())),
             ("exactly the window", aged(76 * HOUR as i64, "original"), window, outside(24 * HOUR)),
             ("two days old", aged(52 * HOUR as i64, "original"), window, outside(48 * HOUR)),
             ("two days old, window lifted", aged(52 * HOUR as i64, "original"), None, Ok(())),
             ("replayed, recent pass of an old event", aged(60 * HOUR as i64, "replayed"), window, outside(40 * HOUR)),
-            ("no timestamps: dated by its first failure", aged(60 * HOUR as i64, "none"), window, outside(40 * HOUR - 10)),
+            (
+                "no timestamps: dated by its first failure",
+                aged(60 * HOUR as i64, "none"),
+                window,
+                outside(40 * HOUR - 10),
+            ),
             ("from the future", aged(101 * HOUR as i64, "original"), window, Ok(())),
-            ("no retry headers", foreign.clone(), window, Err(ReplayRefused::UnknownAge { window: Duration::from_millis(24 * HOUR) })),
+            (
+                "no retry headers",
+                foreign.clone(),
+                window,
+                Err(ReplayRefused::UnknownAge { window: Duration::from_millis(24 * HOUR) }),
+            ),
             ("no retry headers, window lifted", foreign, None, Ok(())),
         ];
         for (case, headers, max_age, expected) in table {
@@ -364,11 +375,7 @@ mod tests {
         let now = Timestamp::from_millis(60 * HOUR as i64);
         for target in [ReplayTarget::Source, ReplayTarget::FirstRetry] {
             let h = p.replay_headers(&aged(first, "original"), target, now, loop_guard(None)).unwrap();
-            assert_eq!(
-                RetryHeaders::decode_first_timestamp(&h),
-                Ok(Some(Timestamp::from_millis(first))),
-                "{target:?}"
-            );
+            assert_eq!(RetryHeaders::decode_first_timestamp(&h), Ok(Some(Timestamp::from_millis(first))), "{target:?}");
         }
     }
 }

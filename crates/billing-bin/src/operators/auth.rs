@@ -85,7 +85,11 @@ mod tests {
             if step == "fail" {
                 failures.failed(ip, s(at));
             }
-            assert_eq!(failures.blocked(ip, s(at)), expected.map(Duration::from_secs), "step {i}: {step} {ip} at {at}s");
+            assert_eq!(
+                failures.blocked(ip, s(at)),
+                expected.map(Duration::from_secs),
+                "step {i}: {step} {ip} at {at}s"
+            );
         }
     }
 

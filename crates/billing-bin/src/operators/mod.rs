@@ -260,7 +260,9 @@ pub(crate) async fn messages<S: DeadLetterStore>(
         return Err(bad_request("offset must not be negative"));
     }
     if query.offset.is_some() && query.partition.is_none() {
-        return Err(bad_request("offset needs a partition: without one, every partition is read from the operators' position"));
+        return Err(bad_request(
+            "offset needs a partition: without one, every partition is read from the operators' position",
+        ));
     }
     if let Some(partition) = query.partition {
         let known = ops.store.status().await?.partitions.iter().any(|p| p.partition == partition);

@@ -4,11 +4,10 @@
 
 use std::future::Future;
 
-use retry_kafka::{
-    Acknowledgement, BrowsePage, DeadLetter, DeadLetterAdmin, DeadLetterStatus, ReplayReport, ReplayRequest,
-    Result,
-};
 use retry_core::OperatorsPosition;
+use retry_kafka::{
+    Acknowledgement, BrowsePage, DeadLetter, DeadLetterAdmin, DeadLetterStatus, ReplayReport, ReplayRequest, Result,
+};
 
 /// Progress of a replay, after every page.
 pub(crate) type Progress = Box<dyn FnMut(&ReplayReport) + Send>;
@@ -20,11 +19,13 @@ pub(crate) trait DeadLetterStore: Send + Sync + 'static {
     /// One page of records.
     fn browse(&self, page: &BrowsePage) -> impl Future<Output = Result<Vec<DeadLetter>>> + Send;
     /// Replays what `request` selects.
-    fn replay(&self, request: &ReplayRequest, progress: Progress)
-        -> impl Future<Output = Result<ReplayReport>> + Send;
+    fn replay(&self, request: &ReplayRequest, progress: Progress) -> impl Future<Output = Result<ReplayReport>> + Send;
     /// Acknowledges records without replaying them.
-    fn acknowledge(&self, partition: i32, ack: &Acknowledgement)
-        -> impl Future<Output = Result<OperatorsPosition>> + Send;
+    fn acknowledge(
+        &self,
+        partition: i32,
+        ack: &Acknowledgement,
+    ) -> impl Future<Output = Result<OperatorsPosition>> + Send;
 }
 
 impl DeadLetterStore for DeadLetterAdmin {

@@ -128,9 +128,8 @@ async fn start_with(gate: Option<Arc<Semaphore>>, max_auth_failures: u32) -> Api
         request_timeout: Duration::from_secs(10),
         max_connections: 16,
     };
-    let server = serve("OPERATOR_LISTEN", "127.0.0.1:0".parse().unwrap(), routes(Arc::new(operators)), limits)
-        .await
-        .unwrap();
+    let server =
+        serve("OPERATOR_LISTEN", "127.0.0.1:0".parse().unwrap(), routes(Arc::new(operators)), limits).await.unwrap();
     Api { server, store, http: reqwest::Client::new() }
 }
 
@@ -161,11 +160,11 @@ fn routes_with_bodies() -> Vec<(Method, String, Option<&'static str>)> {
     ];
     routes
         .into_iter()
-    .map(|(method, path)| {
-        let body = (method == Method::POST).then_some(r#"{"partition": 0, "up_to_offset": 0}"#);
-        (method, path, body)
-    })
-    .collect()
+        .map(|(method, path)| {
+            let body = (method == Method::POST).then_some(r#"{"partition": 0, "up_to_offset": 0}"#);
+            (method, path, body)
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -186,13 +185,8 @@ async fn an_address_that_fails_too_often_is_answered_429_even_with_the_right_tok
     for _ in 0..5 {
         assert_eq!(api.call(Method::GET, "/admin/dlq", Some("wrong"), None).await.0, StatusCode::UNAUTHORIZED);
     }
-    let response = api
-        .http
-        .get(format!("http://{}/admin/dlq", api.server.addr()))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
+    let response =
+        api.http.get(format!("http://{}/admin/dlq", api.server.addr())).bearer_auth(TOKEN).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     let retry_after: u64 = response.headers()["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry_after), "{retry_after}");
@@ -225,7 +219,12 @@ async fn refusals() {
         (Method::POST, replay(""), Some(&huge), 413),
         (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0}"#), 400),
         (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0, "offsets": []}"#), 400),
-        (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0, "offsets": [1], "up_to_offset": 1}"#), 400),
+        (
+            Method::POST,
+            format!("/admin/dlq/{DLQ}/ack"),
+            Some(r#"{"partition": 0, "offsets": [1], "up_to_offset": 1}"#),
+            400,
+        ),
         (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0, "up_to_offset": 3}"#), 400),
         (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 0, "offsets": [0, 7]}"#), 400),
         (Method::POST, format!("/admin/dlq/{DLQ}/ack"), Some(r#"{"partition": 9, "up_to_offset": 0}"#), 404),
@@ -335,7 +334,8 @@ async fn the_openapi_document_describes_every_route_from_the_types() {
         assert!(doc["paths"][path][method]["responses"]["401"].is_object(), "{method} {path}: no 401");
     }
     let body = &doc["components"]["schemas"]["ReplayBody"]["properties"];
-    for field in ["dry_run", "limit", "partition", "offsets", "keys", "override_loop_guard", "override_idempotency_window"]
+    for field in
+        ["dry_run", "limit", "partition", "offsets", "keys", "override_loop_guard", "override_idempotency_window"]
     {
         assert!(body[field].is_object(), "ReplayBody.{field} is not described: {body}");
     }

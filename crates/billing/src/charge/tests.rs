@@ -316,8 +316,7 @@ async fn an_unreachable_provider_is_a_transient_failure() {
 async fn invalid_events_are_permanent_failures_and_charge_nothing() {
     let (negative, too_precise) = (event_json("-5.00"), event_json("1.005"));
     let in_dollars = event_json("5").replace('{', r#"{"currency":"USD","#);
-    let (too_much, yen_cents) =
-        (event_json("1E+9"), event_json("1200.50").replace('{', r#"{"currency":"JPY","#));
+    let (too_much, yen_cents) = (event_json("1E+9"), event_json("1200.50").replace('{', r#"{"currency":"JPY","#));
     let table: &[(Option<&[u8]>, &str)] = &[
         (None, "record has no value: expected an OrderConfirmedEvent JSON object"),
         (Some(b""), "payload is empty: expected an OrderConfirmedEvent JSON object"),

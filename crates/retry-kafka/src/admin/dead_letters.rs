@@ -16,12 +16,12 @@ use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling
 use tokio::sync::Mutex;
 
 use crate::{
+    admin::replay_lock::ReplayLock,
     cluster::{deadline, Cluster},
     protocol::fallback::Fetched,
     protocol::group::GroupClient,
     publisher::Outgoing,
     publisher::Publisher,
-    admin::replay_lock::ReplayLock,
     ConnectionConfig, Error, Result,
 };
 
@@ -244,7 +244,10 @@ impl DeadLetterAdmin {
         let read = operators.committed_with_metadata(std::slice::from_ref(&tp)).await?;
         let kept = read.get(&tp).and_then(|(_, metadata)| metadata.as_deref()).is_some_and(|m| !m.is_empty());
         if !kept {
-            tracing::warn!(group = operators.group_id(), "the broker drops offset-commit metadata: records cannot be replayed or acknowledged out of order");
+            tracing::warn!(
+                group = operators.group_id(),
+                "the broker drops offset-commit metadata: records cannot be replayed or acknowledged out of order"
+            );
         }
         Ok(*self.keeps_metadata.get_or_init(|| async { kept }).await)
     }
@@ -427,7 +430,8 @@ impl DeadLetterAdmin {
                 for offset in offsets {
                     position.handle(*offset).map_err(|full| Error::NotRecordable(full.to_string()))?;
                 }
-                if position.handled_above(i64::MAX) > 0 && !self.keeps_metadata(&mut operators, partition, earliest).await?
+                if position.handled_above(i64::MAX) > 0
+                    && !self.keeps_metadata(&mut operators, partition, earliest).await?
                 {
                     return Err(Error::NotRecordable(NO_METADATA.to_owned()));
                 }
@@ -574,7 +578,9 @@ impl DeadLetterAdmin {
                     }
                 };
                 // Out of order: recorded in the commit's metadata, if the broker keeps it.
-                if r.offset != page.next() && !self.keeps_metadata(&mut *self.operators.lock().await, p.partition, p.earliest).await? {
+                if r.offset != page.next()
+                    && !self.keeps_metadata(&mut *self.operators.lock().await, p.partition, p.earliest).await?
+                {
                     report.skip(p.partition, r.offset, NO_METADATA.to_owned());
                     continue;
                 }

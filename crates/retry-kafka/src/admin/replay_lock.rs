@@ -71,8 +71,7 @@ impl ReplayLock {
             match round(&mut client, &mut member_id, instance).await {
                 // A group still settling from its last holder's leave, or a
                 // holder rejoining: join again.
-                Err(e) if attempts < 20 && rejoin_after(&e) =>
-                {
+                Err(e) if attempts < 20 && rejoin_after(&e) => {
                     attempts += 1;
                     if e.broker_error() == Some(ResponseError::UnknownMemberId) {
                         member_id.clear();
@@ -163,7 +162,12 @@ async fn keep(
         let Some(generation) = held.borrow().clone() else { break };
         match client.heartbeat(generation.id, &member_id).await {
             Ok(()) => silent_since = tokio::time::Instant::now(),
-            Err(e) if matches!(e.broker_error(), Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration)) => {
+            Err(e)
+                if matches!(
+                    e.broker_error(),
+                    Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration)
+                ) =>
+            {
                 // Rejoin at once, and again until the rebalance completes:
                 // the newcomer's join waits for us.
                 let rejoined = loop {
@@ -184,7 +188,9 @@ async fn keep(
                         held.send_replace(None);
                         break;
                     }
-                    Err(e) => tracing::warn!(group = client.group_id(), error = %e, "rejoining to keep the replay lock failed"),
+                    Err(e) => {
+                        tracing::warn!(group = client.group_id(), error = %e, "rejoining to keep the replay lock failed")
+                    }
                 }
             }
             Err(e) if silent_since.elapsed() > SESSION || e.broker_error() == Some(ResponseError::UnknownMemberId) => {
@@ -197,7 +203,9 @@ async fn keep(
     }
     match client.leave(&member_id).await {
         Ok(()) => tracing::debug!(group = client.group_id(), %member_id, "replay lock released"),
-        Err(e) => tracing::warn!(group = client.group_id(), error = %e, "leaving the operators' group failed; the replay lock frees when its session expires"),
+        Err(e) => {
+            tracing::warn!(group = client.group_id(), error = %e, "leaving the operators' group failed; the replay lock frees when its session expires")
+        }
     }
 }
 

@@ -282,7 +282,9 @@ impl GroupClient {
                 assignments
                     .iter()
                     .map(|(member, a)| {
-                        SyncGroupRequestAssignment::default().with_member_id(str_bytes(member)).with_assignment(a.clone())
+                        SyncGroupRequestAssignment::default()
+                            .with_member_id(str_bytes(member))
+                            .with_assignment(a.clone())
                     })
                     .collect(),
             );
