@@ -32,12 +32,13 @@ struct Setup {
     topic: String,
     group: String,
     schedule: &'static str,
+    partitions: i32,
 }
 
 impl Setup {
     fn new(name: &str) -> Setup {
         let topic = unique_topic(name);
-        Setup { group: format!("{topic}-billing"), topic, schedule: "200ms,400ms" }
+        Setup { group: format!("{topic}-billing"), topic, schedule: "200ms,400ms", partitions: 2 }
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -70,10 +71,11 @@ impl Setup {
         if MockCluster::from_env().is_some() {
             let topology = RetryTopology::new(&self.topic, &self.schedule.parse().unwrap()).unwrap();
             let connection = integration::connection("kafka-retry-it");
-            integration::create_plan(&TopicPlan::new(topology, 2), &connection).await;
+            integration::create_plan(&TopicPlan::new(topology, self.partitions), &connection).await;
             return;
         }
-        let (code, stdout, stderr) = self.run(&["topics", "create", "--partitions", "2"], &[]).await;
+        let partitions = self.partitions.to_string();
+        let (code, stdout, stderr) = self.run(&["topics", "create", "--partitions", &partitions], &[]).await;
         assert_eq!(code, 0, "topics create failed:\n{stdout}\n{stderr}");
     }
 
@@ -183,7 +185,7 @@ fn event(amount: &str) -> (Uuid, String) {
 /// (key, reason, error).
 async fn dead_letters(setup: &Setup) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
-    for p in 0..2 {
+    for p in 0..setup.partitions {
         for r in read_partition(&setup.dlq(), p).await {
             let key = String::from_utf8_lossy(r.record.key.as_deref().unwrap_or_default()).into_owned();
             out.push((key, header(&r.record, "x-dead-letter-reason"), header(&r.record, "x-error")));
@@ -524,7 +526,8 @@ async fn call(
     token: Option<&str>,
     body: Option<String>,
 ) -> (u16, serde_json::Value) {
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    // Longer than the service's own request timeout: its answer comes first.
+    let client = reqwest::Client::builder().timeout(Duration::from_secs(45)).build().unwrap();
     let mut request = client.request(method, format!("http://{}{path}", service.operators));
     if let Some(token) = token {
         request = request.bearer_auth(token);
@@ -532,7 +535,7 @@ async fn call(
     if let Some(body) = body {
         request = request.header("content-type", "application/json").body(body);
     }
-    let response = within("an admin call", request.send()).await.unwrap();
+    let response = request.send().await.unwrap_or_else(|e| panic!("{path}: {e}"));
     let status = response.status().as_u16();
     let text = response.text().await.unwrap();
     (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
@@ -733,6 +736,175 @@ mod faults {
         assert!(!log.contains("panicked"), "{log}");
         let reconnects = log.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).count();
         eprintln!("the service logged {reconnects} warnings or errors through the cuts");
+    }
+
+    /// The peak and current resident memory of a process, in KiB.
+    fn memory_kib(pid: u32) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().strip_suffix("kB")?.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmHWM:"), field("VmRSS:"))
+    }
+
+    /// 20,000 dead letters (three hundred bytes of payload each) replayed by
+    /// one of two service instances, while the other is refused a replay of
+    /// its own and an operator acknowledges a thousand of them there, and
+    /// the provider answers "pending" for some orders: every order not
+    /// acknowledged is charged exactly once, the acknowledged ones never,
+    /// nothing is replayed twice, and the replaying process reads the
+    /// backlog page by page: its peak memory exceeds the other instance's
+    /// (which consumes as much) by less than the backlog, which holding it
+    /// (and its copies to publish) would take twice over.
+    #[tokio::test]
+    async fn replay_scale_twenty_thousand_dead_letters_two_instances_an_operator_and_a_pending_provider_needs_leader_reelection(
+    ) {
+        use rskafka::{
+            client::partition::{Compression, UnknownTopicHandling},
+            record::Record,
+        };
+        // Four partitions of 5,000: the mock cluster keeps 5 MB per partition.
+        const PARTITIONS: usize = 4;
+        const PER_PARTITION: usize = 5_000;
+        const ACKNOWLEDGED: i64 = 1_000;
+        let setup = Setup { schedule: "1s,2s", partitions: PARTITIONS as i32, ..Setup::new("billing-replay-scale") };
+        setup.create_topics().await;
+        let provider = FakeProvider::start(Faults::default()).await;
+        let env = [("ADMIN_TOKEN", TOKEN)];
+        let first = setup.start_with(&provider, &env).await;
+        let second = setup.start_with(&provider, &env).await;
+
+        // The backlog: records as the ladder dead-letters them.
+        let client = integration::rskafka_client().await;
+        let now = retry_core::Timestamp::from(std::time::SystemTime::now());
+        let padding = "x".repeat(100);
+        let mut orders: Vec<Vec<String>> = vec![Vec::new(); PARTITIONS];
+        let mut backlog_bytes = 0;
+        for partition in 0..PARTITIONS as i32 {
+            let dlq = client.partition_client(setup.dlq(), partition, UnknownTopicHandling::Retry).await.unwrap();
+            for chunk in 0..PER_PARTITION / 500 {
+                let mut batch = Vec::new();
+                for i in 0..500 {
+                    let (order, json) = event(&format!(r#""{}.{:02}""#, 1 + (chunk * 500 + i) % 900, i % 100));
+                    let json = json.replacen('{', &format!(r#"{{"note":"{padding}","#), 1);
+                    let mut headers = retry_core::Headers::new();
+                    retry_core::RetryHeaders {
+                        attempt: 3,
+                        original_topic: retry_core::TopicName::new(&setup.topic).unwrap(),
+                        original_partition: partition,
+                        original_offset: (chunk * 500 + i) as i64,
+                        original_timestamp: Some(now),
+                        first_failure_at: now,
+                        due_at: None,
+                        error_kind: retry_core::FailureKind::Transient,
+                        error: "billing provider answered 503 Service Unavailable".into(),
+                        dead_letter_reason: Some(retry_core::DeadLetterReason::RetriesExhausted),
+                        replay_count: 0,
+                        first_timestamp: None,
+                    }
+                    .encode_into(&mut headers);
+                    backlog_bytes += json.len();
+                    orders[partition as usize].push(order.to_string());
+                    batch.push(Record {
+                        key: Some(order.to_string().into_bytes()),
+                        value: Some(json.into_bytes()),
+                        headers: BTreeMap::from(headers),
+                        timestamp: chrono::TimeZone::timestamp_millis_opt(&chrono::Utc, now.as_millis()).unwrap(),
+                    });
+                }
+                within("produce dead letters", dlq.produce(batch, Compression::NoCompression)).await.unwrap();
+            }
+        }
+        // Some orders' charges stay pending past the service's timeout.
+        for order in orders[0].iter().take(20) {
+            provider.script(order, Script::Hang { times: 1, delay: Duration::from_millis(2500) });
+        }
+
+        let pids = (first.child.id().expect("running"), second.child.id().expect("running"));
+        let dlq = setup.dlq();
+        let replay = format!("/admin/dlq/{dlq}/replay?target_topic={}", setup.topic);
+
+        let (status, job) = call(&first, reqwest::Method::POST, &replay, Some(TOKEN), None).await;
+        assert_eq!(status, 202, "{job}");
+        let id = job["id"].as_str().unwrap().to_owned();
+        // Meanwhile, on the other instance: an operator acknowledges the
+        // first thousand of the last partition (the replay reads it last),
+        // and a replay is refused.
+        let last = PARTITIONS - 1;
+        let ack = format!(r#"{{"partition": {last}, "up_to_offset": {}}}"#, ACKNOWLEDGED - 1);
+        let ack_path = format!("/admin/dlq/{dlq}/ack");
+        // The broker is busy with the replay: an operator tries again on a 502.
+        let acked = eventually("the acknowledgement", Duration::from_secs(60), || async {
+            let (status, acked) = call(&second, reqwest::Method::POST, &ack_path, Some(TOKEN), Some(ack.clone())).await;
+            (status != 502).then_some((status, acked))
+        })
+        .await;
+        // The replay may have passed those records already (the position
+        // then stays where it is): which ones were acknowledged first is
+        // the race an operator runs; that each is charged at most once, and
+        // only if replayed, is not.
+        assert_eq!(acked.0, 200, "{acked:?}");
+        assert!(acked.1["acknowledged_offset"].as_i64().unwrap() >= ACKNOWLEDGED, "{acked:?}");
+        let (status, refused) = call(&second, reqwest::Method::POST, &replay, Some(TOKEN), None).await;
+        assert_eq!(status, 409, "{refused}");
+        assert!(refused["error"].as_str().unwrap().contains("another instance"), "{refused}");
+
+        let path = format!("/admin/dlq/replays/{id}");
+        let job = eventually("the replay job to end", Duration::from_secs(300), || async {
+            let (_, job) = call(&first, reqwest::Method::GET, &path, Some(TOKEN), None).await;
+            (job["state"] != "running").then_some(job)
+        })
+        .await;
+        let ((peak_replaying, _), (peak_other, _)) = (memory_kib(pids.0), memory_kib(pids.1));
+        assert_eq!(job["state"], "succeeded", "{job}");
+        let expected = job["report"]["replayed"].as_u64().unwrap() as usize;
+        assert!(
+            (PARTITIONS * PER_PARTITION - ACKNOWLEDGED as usize..=PARTITIONS * PER_PARTITION).contains(&expected),
+            "{job}"
+        );
+        eprintln!(
+            "replayed {expected} of a {} MiB backlog: peak memory {} MiB in the replaying instance, {} MiB in the other",
+            backlog_bytes >> 20,
+            peak_replaying >> 10,
+            peak_other >> 10,
+        );
+        let extra = (peak_replaying.saturating_sub(peak_other) * 1024) as usize;
+        assert!(extra < backlog_bytes, "the replay took {extra} bytes for a {backlog_bytes}-byte backlog");
+
+        eventually("every replayed order charged", Duration::from_secs(300), || async {
+            (provider.ledger().len() >= expected).then_some(())
+        })
+        .await;
+        let (_, again) = call(&second, reqwest::Method::POST, &format!("{replay}&wait=true"), Some(TOKEN), None).await;
+        assert_eq!(again["report"]["replayed"].as_u64(), Some(0), "nothing is left to replay: {again}");
+        let (log_first, log_second) = (first.log(), second.log());
+        first.stop().await;
+        second.stop().await;
+        let mut charges_by_order: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        for charge in provider.ledger() {
+            *charges_by_order.entry(charge.order_id).or_default() += 1;
+        }
+        let mut charged = 0;
+        for (partition, orders) in orders.iter().enumerate() {
+            for (offset, order) in orders.iter().enumerate() {
+                let charges = charges_by_order.get(order).copied().unwrap_or(0);
+                let acknowledged = partition == last && (offset as i64) < ACKNOWLEDGED;
+                assert!(charges <= 1, "order {order} at {partition}/{offset} charged {charges} times");
+                assert!(charges == 1 || acknowledged, "order {order} at {partition}/{offset} never charged");
+                charged += charges;
+            }
+        }
+        assert_eq!(charged, expected, "every replayed order charged, no other");
+        eprintln!("{} orders acknowledged before the replay reached them", PARTITIONS * PER_PARTITION - expected);
+        assert!(
+            log_first.contains("still processing an earlier charge")
+                || log_second.contains("still processing an earlier charge"),
+            "the pending charges were retried and confirmed"
+        );
+        assert!(dead_letters(&setup).await.len() == PARTITIONS * PER_PARTITION, "no new dead letters");
     }
 
     /// Produces `n` orders to `partition` in batches of a hundred.

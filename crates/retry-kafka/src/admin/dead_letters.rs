@@ -195,6 +195,20 @@ pub struct DeadLetterAdmin {
 /// The most bytes read per fetch while browsing or replaying.
 const FETCH_BYTES: i32 = 1 << 20;
 
+/// How often a replay tries a page's read, publish or commit before the
+/// partition stops with the error, and the pauses between tries: a busy or
+/// restarting broker is waited out, a refusal is not.
+const PATIENCE_TRIES: usize = 6;
+const PATIENCE_FIRST: std::time::Duration = std::time::Duration::from_millis(200);
+const PATIENCE_LONGEST: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether an error may pass by itself: no answer in time, a broken
+/// connection, a coordinator or leader that moved.
+fn is_passing(e: &Error) -> bool {
+    matches!(e, Error::Deadline { .. } | Error::Timeout { .. } | Error::Io { .. } | Error::Connect { .. })
+        || e.needs_reconnect()
+}
+
 /// The largest page a replay grows to when the broker answers a smaller one
 /// with nothing (a record larger than the page).
 const MAX_PAGE_BYTES: i32 = 64 << 20;
@@ -228,6 +242,26 @@ impl DeadLetterAdmin {
             instance: instance_name(),
             page_bytes: FETCH_BYTES,
             keeps_metadata: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// `attempt`, tried again after passing errors (see [`is_passing`]).
+    async fn patiently<T, F, Fut>(&self, mut attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut pauses = crate::backoff::pauses(PATIENCE_FIRST, PATIENCE_LONGEST);
+        let mut tries = 1;
+        loop {
+            match attempt().await {
+                Err(e) if tries < PATIENCE_TRIES && is_passing(&e) => {
+                    tracing::warn!(error = %e, "replay: trying again");
+                    tries += 1;
+                    tokio::time::sleep(pauses.next()).await;
+                }
+                outcome => return outcome,
+            }
         }
     }
 
@@ -546,8 +580,11 @@ impl DeadLetterAdmin {
             };
             let records = loop {
                 let what = || format!("reading {}/{}", self.topic(), p.partition);
-                let fetch = pc.fetch_records(from, 1..page_bytes, 0);
-                let (records, _) = deadline(self.cluster.request_timeout(), what, fetch).await?;
+                let (records, _) = self
+                    .patiently(|| {
+                        deadline(self.cluster.request_timeout(), what, pc.fetch_records(from, 1..page_bytes, 0))
+                    })
+                    .await?;
                 // Kafka answers at least one batch however small the page;
                 // brokers that answer nothing get a larger page, kept from then on.
                 if records.iter().any(|r| r.offset >= from) || page_bytes >= MAX_PAGE_BYTES {
@@ -609,15 +646,43 @@ impl DeadLetterAdmin {
                 progress(report);
                 continue;
             }
-            // Publish first: only what the broker acknowledged may be marked done.
-            if let Err(e) = self.publisher.publish_all(&mut outbox).await {
+            // Publish first: only what the broker acknowledged may be marked
+            // done. What a failed try published is removed from the outbox.
+            let mut tries = crate::backoff::pauses(PATIENCE_FIRST, PATIENCE_LONGEST);
+            let mut published = self.publisher.publish_all(&mut outbox).await;
+            for _ in 1..PATIENCE_TRIES {
+                match &published {
+                    Err(e)
+                        if crate::publisher::PublishFailure::of_error(e)
+                            != crate::publisher::PublishFailure::Refused =>
+                    {
+                        tracing::warn!(partition = p.partition, error = %e, "replay: publishing a page failed, trying again");
+                        tokio::time::sleep(tries.next()).await;
+                        published = self.publisher.publish_all(&mut outbox).await;
+                    }
+                    _ => break,
+                }
+            }
+            if let Err(e) = published {
                 // Nothing of this page is committed; what the broker did take
                 // of it may reach the target again on a repeat.
                 report.replayed -= outbox.len().min(report.replayed);
                 return Err(e);
             }
             let mut operators = self.operators.lock().await;
-            position = self.commit_position(&mut operators, p.partition, p.earliest, &page).await?;
+            let mut tries = crate::backoff::pauses(PATIENCE_FIRST, PATIENCE_LONGEST);
+            let mut committed = self.commit_position(&mut operators, p.partition, p.earliest, &page).await;
+            for _ in 1..PATIENCE_TRIES {
+                match &committed {
+                    Err(e) if is_passing(e) => {
+                        tracing::warn!(partition = p.partition, error = %e, "replay: committing a page failed, trying again");
+                        tokio::time::sleep(tries.next()).await;
+                        committed = self.commit_position(&mut operators, p.partition, p.earliest, &page).await;
+                    }
+                    _ => break,
+                }
+            }
+            position = committed?;
             report.partitions[at].position = position.next();
             drop(operators);
             progress(report);
