@@ -645,6 +645,45 @@ async fn operators_replay_and_acknowledge_dead_letters_through_the_guarded_api()
     assert_eq!(provider.charges_for(&declined.to_string()).len(), 1);
 }
 
+/// Two hundred clients that never finish their headers on the operators'
+/// listener: the service holds at most its cap of them (its file
+/// descriptors stay bounded, for Kafka and the provider), cuts them off
+/// after the header deadline, and the probes' listener answers throughout.
+#[tokio::test]
+async fn slow_clients_of_the_operators_api_neither_exhaust_the_service_nor_block_its_probes() {
+    use tokio::io::AsyncWriteExt;
+    let setup = Setup::new("billing-slow-clients");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let env = [("ADMIN_TOKEN", TOKEN), ("HTTP_HEADER_READ_TIMEOUT", "2s"), ("HTTP_MAX_CONNECTIONS", "16")];
+    let service = setup.start_with(&provider, &env).await;
+    let pid = service.child.id().expect("running");
+    let descriptors = || std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
+    let before = descriptors();
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let mut stream = tokio::net::TcpStream::connect(&service.operators).await.unwrap();
+        let _ = stream.write_all(b"GET /admin/dlq HTTP/1.1\r\nHost: slow\r\n").await;
+        slow.push(stream);
+    }
+    let during = descriptors();
+    assert_eq!(service.get("/readyz").await, Some(200), "the probes answer while the operators' listener is full");
+    assert!(during <= before + 16 + 8, "{before} descriptors before, {during} with 200 slow clients");
+    // Once the header deadline passed, the operators' API serves again.
+    let url = format!("http://{}/admin/dlq", service.operators);
+    let client = reqwest::Client::new();
+    let refused = client.get(&url).bearer_auth(TOKEN).send().await;
+    assert!(refused.is_err(), "a connection beyond the cap is closed on arrival: {refused:?}");
+    eventually("the operators' API free again", SETTLE, || async {
+        let answer = client.get(&url).bearer_auth(TOKEN).send().await.ok()?;
+        (answer.status() == 200).then_some(())
+    })
+    .await;
+    eprintln!("{before} descriptors before, {during} with 200 slow clients");
+    drop(slow);
+    service.stop().await;
+}
+
 #[tokio::test]
 async fn the_operators_api_is_off_without_a_token() {
     let setup = Setup::new("billing-no-admin");

@@ -115,3 +115,94 @@ async fn deadline(State(limit): State<Duration>, request: Request, next: Next) -
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use axum::routing::get;
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::TcpStream,
+    };
+
+    use super::*;
+
+    /// Reads until the server closes the connection (or 5 s pass): what it sent.
+    async fn until_closed(stream: &mut TcpStream) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 1024];
+        let read = async {
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), read).await.ok().map(|()| out)
+    }
+
+    /// Slow clients that never finish their headers hold a connection each
+    /// for the header deadline at most, connections beyond the cap are
+    /// closed on arrival, and the listener serves again once they are gone.
+    #[tokio::test]
+    async fn slow_clients_are_capped_and_cut_off() {
+        let limits = HttpLimits {
+            header_read_timeout: Duration::from_millis(500),
+            request_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        };
+        let app = Router::new().route("/", get(|| async { "ok" }));
+        let server = serve("TEST_LISTEN", "127.0.0.1:0".parse().unwrap(), app, limits).await.unwrap();
+        let addr = server.addr();
+
+        let mut slow = Vec::new();
+        for _ in 0..limits.max_connections {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            stream.write_all(b"GET / HTTP/1.1\r\nHost: slow\r\n").await.unwrap();
+            slow.push(stream);
+        }
+        // Let the server accept them all before the next one arrives.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = Instant::now();
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: extra\r\n\r\n").await;
+        let answer = until_closed(&mut extra).await.expect("the extra connection is closed");
+        assert!(answer.is_empty(), "the extra connection was served: {}", String::from_utf8_lossy(&answer));
+        assert!(started.elapsed() < limits.header_read_timeout, "closed on arrival, not after the deadline");
+
+        for stream in &mut slow {
+            let answer = until_closed(stream).await.expect("a slow client is cut off after the header deadline");
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 408"), "{answer}");
+        }
+        // Their slots are free again.
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: fine\r\nConnection: close\r\n\r\n").await.unwrap();
+        let answer = until_closed(&mut stream).await.expect("answered");
+        assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&answer));
+        server.stop().await;
+    }
+
+    /// A request that takes longer than the request deadline is answered 503.
+    #[tokio::test]
+    async fn slow_requests_end_at_the_deadline() {
+        let limits = HttpLimits {
+            header_read_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_millis(300),
+            max_connections: 8,
+        };
+        let app = Router::new().route(
+            "/",
+            axum::routing::post(|body: bytes::Bytes| async move { format!("{} bytes", body.len()) }),
+        );
+        let server = serve("TEST_LISTEN", "127.0.0.1:0".parse().unwrap(), app, limits).await.unwrap();
+        let mut stream = TcpStream::connect(server.addr()).await.unwrap();
+        // Headers promise a body that never comes.
+        stream.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc").await.unwrap();
+        let answer = until_closed(&mut stream).await.expect("answered");
+        assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 503"), "{}", String::from_utf8_lossy(&answer));
+        server.stop().await;
+    }
+}

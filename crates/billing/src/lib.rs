@@ -46,17 +46,50 @@ pub use currency::{ChargeRules, Currency, MaxAmount, Money, RuleBroken};
 pub use error::{Error, Result};
 pub use event::{InvalidEvent, OrderConfirmedEvent};
 
-/// `text` without surrounding whitespace, cut to at most `max_bytes` on a
-/// char boundary, with `…` appended when something was cut: for quoting
-/// untrusted input in messages that end up in logs and Kafka headers.
+/// `text` without surrounding whitespace, its control characters and line
+/// separators escaped (`\n` as the two characters `\` and `n`), cut to at
+/// most `max_bytes` on a char boundary, with `…` appended when something
+/// was cut: for quoting untrusted input (provider answers, payloads) in
+/// messages that end up in logs and Kafka headers, where a line break could
+/// forge a log line.
 pub(crate) fn excerpt(text: &str, max_bytes: usize) -> String {
     let text = text.trim();
-    if text.len() <= max_bytes {
-        return text.to_owned();
+    let mut escaped = String::with_capacity(text.len().min(max_bytes + 8));
+    for c in text.chars() {
+        if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+            escaped.extend(c.escape_default());
+        } else {
+            escaped.push(c);
+        }
+        if escaped.len() > max_bytes {
+            break;
+        }
+    }
+    if escaped.len() <= max_bytes {
+        return escaped;
     }
     let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
+    while !escaped.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &text[..end])
+    format!("{}…", &escaped[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn excerpts_escape_what_could_forge_a_log_line() {
+        let table: &[(&str, usize, &str)] = &[
+            ("  plain  ", 64, "plain"),
+            ("a\nERROR forged", 64, "a\\nERROR forged"),
+            ("a\r\u{1b}[31mred", 64, "a\\r\\u{1b}[31mred"),
+            ("line\u{2028}sep", 64, "line\\u{2028}sep"),
+            ("ééé", 3, "é…"),
+            ("abcdef", 3, "abc…"),
+            ("\n\n\n\n", 64, ""),
+        ];
+        for &(text, max, expected) in table {
+            assert_eq!(super::excerpt(text, max), expected, "{text:?}");
+        }
+    }
 }

@@ -162,6 +162,11 @@ async fn provider_answers() {
             transient(r#"billing provider answered 503 Service Unavailable: {"error":"overloaded"}"#),
         ),
         (answer(500, "boom\n"), transient("billing provider answered 500 Internal Server Error: boom")),
+        // A line break in an answer cannot forge a log line.
+        (
+            answer(400, "no\nERROR billing: forged"),
+            permanent("billing provider answered 400 Bad Request: no\\nERROR billing: forged"),
+        ),
         (answer(502, ""), transient("billing provider answered 502 Bad Gateway")),
         (answer(408, ""), transient("billing provider answered 408 Request Timeout")),
         (answer(425, ""), transient("billing provider answered 425 Too Early")),
