@@ -1,7 +1,7 @@
 //! Operators' work on a dead-letter topic: status, browse, replay, acknowledge.
 
 use retry_core::{ReplayGuards, ReplaySelection, ReplayTarget};
-use retry_kafka::{Acknowledgement, DeadLetterAdmin, Error, PartitionReplay, ReplayRequest};
+use retry_kafka::{Acknowledgement, BrowsePage, DeadLetterAdmin, Error, PartitionReplay, ReplayRequest};
 
 use crate::support::{eventually, produce, start_joined, Ladder, Scripted, Step, SETTLE};
 
@@ -265,5 +265,79 @@ async fn drops_commit_metadata_a_record_above_the_position_is_refused_with_the_r
     assert_eq!(admin.acknowledge(0, &Acknowledgement::Offsets([0, 1].into())).await.unwrap().next(), 2);
     assert_eq!(admin.replay(&targeted).await.unwrap().replayed, 1);
     eventually("the last replayed", SETTLE, || async { (handler.attempts(&last_key) == [1, 1]).then_some(()) }).await;
+    listener.shutdown().await;
+}
+
+/// Browsing without a partition lists every partition from the operators'
+/// position; a page stops at its byte cap (with at least one record).
+#[tokio::test]
+async fn browse_pages_cover_every_partition_and_are_capped_in_bytes() {
+    let ladder = Ladder::create("browse-pages", "100ms", 2).await;
+    let handler = Scripted::new(&[("a", &[Step::Permanent][..]), ("b", &[Step::Permanent]), ("c", &[Step::Permanent])]);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    produce(ladder.source(), 0, "a", "v", &[]).await;
+    produce(ladder.source(), 1, "b", "v", &[]).await;
+    produce(ladder.source(), 1, "c", "v", &[]).await;
+    eventually("the dead letters", SETTLE, || async { (listener.stats().snapshot().dead_lettered == 3).then_some(()) })
+        .await;
+    let admin = admin(&ladder).await;
+    let page = |max_bytes| BrowsePage { partition: None, from: None, limit: 10, max_bytes };
+    let all = admin.browse_page(&page(usize::MAX)).await.unwrap();
+    let seen: Vec<(i32, &[u8])> = all.iter().map(|d| (d.partition, d.key.as_deref().unwrap())).collect();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen.contains(&(0, b"a")) && seen.iter().filter(|(p, _)| *p == 1).count() == 2, "{seen:?}");
+    assert_eq!(admin.browse_page(&page(1)).await.unwrap().len(), 1, "at least one record, however small the cap");
+    let two = all[0].size() + all[1].size();
+    assert_eq!(admin.browse_page(&page(two)).await.unwrap().len(), 2);
+    // From the operators' position: acknowledged records are not listed.
+    admin.acknowledge(0, &Acknowledgement::UpTo(0)).await.unwrap();
+    assert_eq!(admin.browse_page(&page(usize::MAX)).await.unwrap().len(), 2);
+    listener.shutdown().await;
+}
+
+/// A replay whose publishing to one partition is refused by the broker
+/// commits what it published elsewhere and reports the partition that
+/// failed; repeated once the broker accepts again, it replays only what is
+/// left.
+#[tokio::test]
+async fn mock_only_a_partly_failed_replay_commits_what_it_published_and_a_repeat_does_the_rest() {
+    let mock = integration::MockCluster::get();
+    let ladder = Ladder::create("replay-partial", "100ms", 2).await;
+    let script: Vec<(&str, &[Step])> = ["p0", "p1"].iter().map(|k| (*k, &[Step::Permanent][..])).collect();
+    let handler = Scripted::new(&script);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    produce(ladder.source(), 0, "p0", "v", &[]).await;
+    produce(ladder.source(), 1, "p1", "v", &[]).await;
+    eventually("the dead letters", SETTLE, || async { (listener.stats().snapshot().dead_lettered == 2).then_some(()) })
+        .await;
+    let admin = admin(&ladder).await;
+    // Publishing to the source's partition 1 is refused for a while.
+    const PRODUCE: i16 = 0;
+    const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
+    mock.push_partition_errors(ladder.source(), 1, PRODUCE, &[TOPIC_AUTHORIZATION_FAILED; 3]).await;
+    let report = admin.replay(&replay(ReplayTarget::Source)).await.unwrap();
+    assert!(report.failed(), "{report:?}");
+    assert_eq!(report.replayed, 1, "{report:?}");
+    let by_partition: Vec<(i32, usize, bool)> =
+        report.partitions.iter().map(|p| (p.partition, p.replayed, p.error.is_some())).collect();
+    assert_eq!(by_partition, [(0, 1, false), (1, 0, true)], "{report:?}");
+    let status = admin.status().await.unwrap();
+    assert_eq!(
+        status.partitions.iter().map(|p| p.acknowledged).collect::<Vec<_>>(),
+        [Some(1), None],
+        "only what was published is committed"
+    );
+
+    mock.clear_request_errors(PRODUCE).await;
+    let report = eventually("the broker accepts again", SETTLE, || async {
+        admin.replay(&replay(ReplayTarget::Source)).await.ok().filter(|r| !r.failed())
+    })
+    .await;
+    assert!(report.replayed <= 1, "{report:?}");
+    eventually("each replayed once", SETTLE, || async {
+        (["p0", "p1"].iter().all(|k| handler.attempts(k) == [1, 1])).then_some(())
+    })
+    .await;
+    assert_eq!(admin.status().await.unwrap().backlog, 0);
     listener.shutdown().await;
 }

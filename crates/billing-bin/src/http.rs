@@ -193,10 +193,8 @@ mod tests {
             request_timeout: Duration::from_millis(300),
             max_connections: 8,
         };
-        let app = Router::new().route(
-            "/",
-            axum::routing::post(|body: bytes::Bytes| async move { format!("{} bytes", body.len()) }),
-        );
+        let app = Router::new()
+            .route("/", axum::routing::post(|body: bytes::Bytes| async move { format!("{} bytes", body.len()) }));
         let server = serve("TEST_LISTEN", "127.0.0.1:0".parse().unwrap(), app, limits).await.unwrap();
         let mut stream = TcpStream::connect(server.addr()).await.unwrap();
         // Headers promise a body that never comes.

@@ -648,6 +648,8 @@ impl DeadLetterAdmin {
             }
             // Publish first: only what the broker acknowledged may be marked
             // done. What a failed try published is removed from the outbox.
+            // Nothing of a failed page is committed: none of it counts.
+            let outbox_len = outbox.len();
             let mut tries = crate::backoff::pauses(PATIENCE_FIRST, PATIENCE_LONGEST);
             let mut published = self.publisher.publish_all(&mut outbox).await;
             for _ in 1..PATIENCE_TRIES {
@@ -664,9 +666,11 @@ impl DeadLetterAdmin {
                 }
             }
             if let Err(e) = published {
-                // Nothing of this page is committed; what the broker did take
-                // of it may reach the target again on a repeat.
-                report.replayed -= outbox.len().min(report.replayed);
+                // What the broker did take of it may reach the target again
+                // on a repeat.
+                let unpublished = outbox_len.min(report.partitions[at].replayed);
+                report.replayed -= unpublished;
+                report.partitions[at].replayed -= unpublished;
                 return Err(e);
             }
             let mut operators = self.operators.lock().await;
