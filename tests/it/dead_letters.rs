@@ -341,3 +341,35 @@ async fn mock_only_a_partly_failed_replay_commits_what_it_published_and_a_repeat
     assert_eq!(admin.status().await.unwrap().backlog, 0);
     listener.shutdown().await;
 }
+
+/// A dead letter whose event was first produced longer ago than the
+/// idempotency window is refused with the reason (the downstream may have
+/// forgotten its key), stays in the backlog, and is replayed only when the
+/// window is lifted explicitly.
+#[tokio::test]
+async fn records_older_than_the_idempotency_window_need_an_explicit_override() {
+    let (ladder, handler, listener) = with_dead_letters("replay-window", &["old"]).await;
+    let admin = admin(&ladder).await;
+    // The same record as if its event had been produced two days ago.
+    let record = admin.browse(0, 0, 1).await.unwrap().remove(0);
+    let mut headers = record.headers.clone();
+    let mut decoded = record.retry_headers().unwrap();
+    let two_days_ago = retry_core::Timestamp::from(std::time::SystemTime::now()).as_millis() - 48 * 3_600_000;
+    decoded.original_timestamp = Some(retry_core::Timestamp::from_millis(two_days_ago));
+    decoded.encode_into(&mut headers);
+    let headers: Vec<(&str, &[u8])> = headers.iter().collect();
+    admin.acknowledge(0, &Acknowledgement::UpTo(0)).await.unwrap();
+    produce(ladder.dlq(), 0, "old", "v", &headers).await;
+
+    let mut windowed = replay(ReplayTarget::Source);
+    windowed.guards.max_age = Some(std::time::Duration::from_secs(24 * 3600));
+    let report = admin.replay(&windowed).await.unwrap();
+    assert_eq!((report.replayed, report.skipped_total), (0, 1), "{report:?}");
+    assert!(report.skipped[0].reason.contains("outside the 24h idempotency window"), "{report:?}");
+    assert_eq!(admin.status().await.unwrap().backlog, 1, "a refused record stays in the backlog");
+
+    windowed.guards.max_age = None;
+    assert_eq!(admin.replay(&windowed).await.unwrap().replayed, 1);
+    eventually("the old record replayed", SETTLE, || async { (handler.attempts("old") == [1, 1]).then_some(()) }).await;
+    listener.shutdown().await;
+}

@@ -357,26 +357,28 @@ impl Write for Captured {
     }
 }
 
-#[test]
-fn every_request_is_one_audit_event_and_none_can_forge_a_line() {
+/// The log of a refusal, a read, and a replay whose body and operator name
+/// carry forged log lines, in the pretty or the JSON format.
+fn audit_log_of_forgeries(json: bool) -> String {
     let captured = Captured::default();
     let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+    let builder = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone());
+    let subscriber: Box<dyn tracing::Subscriber + Send + Sync> =
+        if json { Box::new(builder.json().finish()) } else { Box::new(builder.finish()) };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
             let api = start(None).await;
             let url = |path: &str| format!("http://{}{path}", api.server.addr());
-            // A refusal, a read, and an action with a forged operator name.
             api.call(Method::GET, "/admin/dlq", None, None).await;
             api.call(Method::GET, "/admin/dlq", Some(TOKEN), None).await;
-            let forged = "mallory\nINFO audit: operator=\"admin\" forged";
+            // Header values cannot hold a line break; a body can.
             let response = api
                 .http
                 .post(url(&format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed&wait=true")))
                 .bearer_auth(TOKEN)
-                .header("x-operator", forged.replace('\n', "\\n"))
-                .body(r#"{"keys": ["a\nINFO forged key"], "override_loop_guard": true}"#)
+                .header("x-operator", "mallory\\nINFO audit: operator=\"admin\" forged")
+                .body(r#"{"keys": ["a\nINFO forged key\r\n{\"level\":\"INFO\"}"], "override_loop_guard": true}"#)
                 .send()
                 .await
                 .unwrap();
@@ -384,18 +386,36 @@ fn every_request_is_one_audit_event_and_none_can_forge_a_line() {
             api.server.stop().await;
         })
     });
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let bytes = captured.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn every_request_is_one_audit_event_and_none_can_forge_a_line() {
+    let log = audit_log_of_forgeries(false);
     let requests: Vec<&str> = log.lines().filter(|l| l.contains("operators' API request")).collect();
     assert_eq!(requests.len(), 3, "{log}");
     assert!(requests[0].contains("status=401"), "{}", requests[0]);
     assert!(requests[1].contains("status=200") && requests[1].contains("backlog 3"), "{}", requests[1]);
     assert!(requests[2].contains("override_loop_guard"), "{}", requests[2]);
     assert!(requests[2].contains(r#"\"keys\""#), "every parameter is in the event: {}", requests[2]);
-    // Nothing from a request starts a line of its own.
     // The forged text stays inside the two events that quote it, escaped.
     let quoting: Vec<&str> = log.lines().filter(|l| l.contains("forged")).collect();
     assert_eq!(quoting.len(), 2, "{log}");
     assert!(quoting.iter().all(|l| l.contains(" INFO audit: ")), "{log}");
     assert!(requests[2].contains("forged"), "{}", requests[2]);
     assert_eq!(log.lines().filter(|l| l.contains("replay job finished")).count(), 1, "{log}");
+}
+
+#[test]
+fn in_json_too_every_line_is_one_event_and_none_is_forged() {
+    let log = audit_log_of_forgeries(true);
+    let events: Vec<Value> =
+        log.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))).collect();
+    let requests: Vec<&Value> = events.iter().filter(|e| e["fields"]["message"] == "operators' API request").collect();
+    assert_eq!(requests.len(), 3, "{log}");
+    assert_eq!(requests[0]["fields"]["status"], 401, "{}", requests[0]);
+    assert!(requests[2]["fields"]["outcome"].as_str().unwrap().contains("forged key"), "{}", requests[2]);
+    assert!(events.iter().all(|e| e["target"] == "audit"), "{log}");
+    assert_eq!(log.lines().filter(|l| l.contains("forged")).count(), 2, "{log}");
 }
