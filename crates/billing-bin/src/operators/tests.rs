@@ -4,7 +4,7 @@
 
 use std::{
     io::Write,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
@@ -366,6 +366,13 @@ fn audit_log_of_forgeries(json: bool) -> String {
     let subscriber: Box<dyn tracing::Subscriber + Send + Sync> =
         if json { Box::new(builder.json().finish()) } else { Box::new(builder.finish()) };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // While a single dispatcher is alive, tracing decides whether a call site
+    // is interesting from the default of whichever thread reaches it first:
+    // another test, with no subscriber, could switch the audit call site off
+    // for this one. A second dispatcher that lives as long as the process
+    // makes tracing ask every live dispatcher instead.
+    static SECOND: OnceLock<tracing::Dispatch> = OnceLock::new();
+    SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
     tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
             let api = start(None).await;
