@@ -208,7 +208,7 @@ async fn pipeline(
     let connection = connection();
     let group = format!("{topic}-bench-{failure_percent}");
     let policy = RetryPolicy::new(topology(topic), PolicyConfig::default());
-    let mut config = ListenerConfig::new(connection.clone(), &group, policy);
+    let mut config = ListenerConfig::new(connection.clone(), &group, policy).expect("a valid group id");
     config.window = retry_core::WindowConfig::new(max_in_flight, retry_core::NullKeys::Ordered).expect("window");
     let handler = Arc::new(Bench {
         failure_percent,

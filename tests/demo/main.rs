@@ -34,8 +34,8 @@ use integration::{
     rskafka_client, within,
 };
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
-use retry_core::{header_names, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
-use retry_kafka::{ConnectionConfig, GroupOffsets, ListenerConfig};
+use retry_core::{header_names, LadderGroups, RetrySchedule, RetryTopology};
+use retry_kafka::{ConnectionConfig, GroupOffsets};
 use rskafka::{
     client::partition::{Compression, OffsetAt, PartitionClient, UnknownTopicHandling},
     record::Record,
@@ -441,15 +441,17 @@ impl Progress {
 impl Ladder {
     async fn open(client: &rskafka::client::Client, brokers: &str, group: &str, topology: RetryTopology) -> Ladder {
         let connection = ConnectionConfig::new(brokers, "kafka-retry-demo").expect("the broker address is valid");
-        // The groups the service's listener joins, named as retry-kafka names them.
-        let config =
-            ListenerConfig::new(connection.clone(), group, RetryPolicy::new(topology.clone(), PolicyConfig::default()));
-        let labels = std::iter::once("source".to_owned())
-            .chain(topology.schedule().rungs().iter().map(|r| format!("retry-{}", r.label())));
+        // The groups the service's listener joins.
+        let groups = LadderGroups::new(group, &topology).expect("the demo's group id is valid");
         let mut consumed = Vec::new();
-        for ((topic, group), label) in config.groups().into_iter().zip(labels) {
-            let partitions = partition_clients(client, &topic).await;
-            consumed.push(Watched { topic, label, partitions, group: GroupOffsets::new(connection.clone(), &group) });
+        for (stage, topic, group) in groups.consumed(&topology) {
+            let label = match stage.rung() {
+                None => "source".to_owned(),
+                Some(rung) => format!("rung {}", rung + 1),
+            };
+            let partitions = partition_clients(client, topic).await;
+            let group = GroupOffsets::new(connection.clone(), group);
+            consumed.push(Watched { topic: topic.to_owned(), label, partitions, group });
         }
         let dead_letter_topic = partition_clients(client, topology.dead_letter_topic().as_str()).await;
         Ladder {

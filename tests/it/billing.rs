@@ -13,7 +13,7 @@ use integration::{
     fake_provider::{FakeProvider, Faults, Script},
     unique_topic, within, MockCluster,
 };
-use retry_core::RetryTopology;
+use retry_core::{LadderGroups, RetryTopology};
 use retry_kafka::TopicPlan;
 use tokio::process::{Child, Command};
 use uuid::Uuid;
@@ -69,9 +69,8 @@ impl Setup {
     /// the mock cluster (which has no CreateTopics) through its control channel.
     async fn create_topics(&self) {
         if MockCluster::from_env().is_some() {
-            let topology = RetryTopology::new(&self.topic, &self.schedule.parse().unwrap()).unwrap();
             let connection = integration::connection("kafka-retry-it");
-            integration::create_plan(&TopicPlan::new(topology, self.partitions), &connection).await;
+            integration::create_plan(&TopicPlan::new(self.topology(), self.partitions), &connection).await;
             return;
         }
         let partitions = self.partitions.to_string();
@@ -111,8 +110,17 @@ impl Setup {
         }
     }
 
+    fn topology(&self) -> RetryTopology {
+        RetryTopology::new(&self.topic, &self.schedule.parse().unwrap()).unwrap()
+    }
+
     fn dlq(&self) -> String {
-        format!("{}.dlq", self.topic)
+        self.topology().dead_letter_topic().to_string()
+    }
+
+    /// The retry topic of rung `index` (0 is the first).
+    fn retry_topic(&self, index: usize) -> String {
+        self.topology().retry_topic(index).expect("the schedule has this rung").to_string()
     }
 }
 
@@ -214,8 +222,8 @@ async fn transient_provider_failures_recover_and_charge_exactly_once() {
     assert_eq!(charges[0].amount, "120.50");
     assert_eq!(charges[0].requests, 3, "two 503s, then the charge");
     assert!(dead_letters(&setup).await.is_empty());
-    assert_eq!(read_partition(&format!("{}.retry-200ms", setup.topic), 0).await.len(), 1);
-    assert_eq!(read_partition(&format!("{}.retry-400ms", setup.topic), 0).await.len(), 1);
+    assert_eq!(read_partition(&setup.retry_topic(0), 0).await.len(), 1);
+    assert_eq!(read_partition(&setup.retry_topic(1), 0).await.len(), 1);
 }
 
 /// Through a broker that requires SASL, the password is in none of what
@@ -339,7 +347,7 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
 
     let (code, _, stderr) = setup.run(&["run"], &env).await;
     assert_eq!(code, 1, "{stderr}");
-    for topic in [setup.topic.clone(), format!("{}.retry-200ms", setup.topic), setup.dlq()] {
+    for topic in [setup.topic.clone(), setup.retry_topic(0), setup.dlq()] {
         assert!(stderr.contains(&format!("topic {topic} is missing")), "{stderr}");
     }
     assert!(stderr.contains("billing-bin topics create"), "{stderr}");
@@ -506,7 +514,8 @@ async fn metrics_count_outcomes_and_the_dead_letter_backlog_follows_the_operator
     }
     let dead_partition = dead_partition.expect("the dead letter is somewhere");
     let connection = integration::connection("kafka-retry-it");
-    let mut operators = retry_kafka::GroupOffsets::new(connection, &format!("{}.dlq-operators", setup.group));
+    let groups = LadderGroups::new(&setup.group, &setup.topology()).unwrap();
+    let mut operators = retry_kafka::GroupOffsets::new(connection, groups.operators());
     let acknowledged = BTreeMap::from([((setup.dlq(), dead_partition), 1)]);
     within("acknowledge", operators.commit(&acknowledged)).await.unwrap();
     eventually("the backlog back to zero", SETTLE, || async {
@@ -980,7 +989,7 @@ mod faults {
             let provider = &provider;
             async move { (provider.ledger().len() >= n).then_some(()) }
         };
-        let retry = |n: usize| format!("{}.retry-{}", setup.topic, ["200ms", "400ms"][n]);
+        let retry = |n: usize| setup.retry_topic(n);
 
         produce_orders(&setup, 0, 500, &mut orders).await;
         produce_orders(&setup, 1, 500, &mut orders).await;

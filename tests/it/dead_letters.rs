@@ -36,8 +36,7 @@ async fn with_dead_letters(name: &str, keys: &[&str]) -> (Ladder, std::sync::Arc
 }
 
 async fn admin(ladder: &Ladder) -> DeadLetterAdmin {
-    let config = ladder.config();
-    DeadLetterAdmin::connect(ladder.connection.clone(), ladder.policy.clone(), &config.operators_group()).await.unwrap()
+    DeadLetterAdmin::connect(ladder.connection.clone(), ladder.policy.clone(), &ladder.groups()).await.unwrap()
 }
 
 #[tokio::test]

@@ -190,7 +190,7 @@ async fn mock_only_a_moved_coordinator_and_group_errors_are_survived() {
     let all = keys("c", 90);
     let handler = Scripted::new(&[]);
     let listener = start_joined(&ladder, Arc::clone(&handler)).await;
-    let groups: Vec<String> = ladder.config().groups().into_iter().map(|(_, g)| g).collect();
+    let groups: Vec<String> = ladder.consumed().into_iter().map(|(_, g)| g).collect();
 
     produce_keys(ladder.source(), 2, &all[..30]).await;
     wait_all_handled(&ladder, &handler, &all[..30]).await;
@@ -371,7 +371,7 @@ async fn mock_only_partitions_added_to_the_source_are_consumed() {
     let mut config = ladder.config();
     config.partition_check_interval = Duration::from_millis(500);
     let listener = retry_kafka::Listener::start(config, Arc::clone(&handler)).await.unwrap();
-    let groups = ladder.config().groups().len() as u64;
+    let groups = ladder.consumed().len() as u64;
     eventually("joined", SETTLE, || async { (listener.stats().snapshot().rebalances >= groups).then_some(()) }).await;
     produce(ladder.source(), 0, "before", "{}", &[]).await;
     eventually("the first record", SETTLE, || async { handler.succeeded("before").then_some(()) }).await;

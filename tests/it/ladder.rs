@@ -19,7 +19,7 @@ async fn wait_for_records(topic: &str, n: usize) -> Vec<Record> {
 /// Waits until the ladder's groups (source first, then each rung) committed
 /// these offsets on partition 0; `None` skips a group.
 async fn wait_committed(ladder: &Ladder, offsets: &[Option<i64>]) {
-    for ((topic, group), offset) in ladder.config().groups().iter().zip(offsets) {
+    for ((topic, group), offset) in ladder.consumed().iter().zip(offsets) {
         let Some(offset) = offset else { continue };
         eventually(&format!("{group} to commit {offset}"), SETTLE, || async {
             (committed(&ladder.connection, group, topic, 1).await[&0] == Some(*offset)).then_some(())

@@ -9,7 +9,7 @@ use std::{
 
 use chrono::{TimeZone, Utc};
 use integration::{create_plan, rskafka_client, unique_topic, within, BROKER_TIMEOUT};
-use retry_core::{HandlerError, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
+use retry_core::{HandlerError, LadderGroups, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
 use retry_kafka::{ConnectionConfig, ConsumedRecord, ListenerConfig, RecordHandler, TopicPlan};
 use rskafka::{
     client::partition::{Compression, UnknownTopicHandling},
@@ -59,9 +59,20 @@ impl Ladder {
         self.policy.topology().dead_letter_topic().as_str()
     }
 
+    /// The ladder's consumer groups.
+    pub(crate) fn groups(&self) -> LadderGroups {
+        LadderGroups::new(&self.group_id, self.policy.topology()).unwrap()
+    }
+
+    /// Each consumed topic with its group: the source first, then each rung.
+    pub(crate) fn consumed(&self) -> Vec<(String, String)> {
+        let groups = self.groups();
+        groups.consumed(self.policy.topology()).map(|(_, topic, group)| (topic.to_owned(), group.to_owned())).collect()
+    }
+
     /// A listener config tuned for tests: fast heartbeats and commits.
     pub(crate) fn config(&self) -> ListenerConfig {
-        let mut c = ListenerConfig::new(self.connection.clone(), &self.group_id, self.policy.clone());
+        let mut c = ListenerConfig::new(self.connection.clone(), &self.group_id, self.policy.clone()).unwrap();
         c.session_timeout = Duration::from_secs(6);
         c.heartbeat_interval = Duration::from_millis(300);
         c.rebalance_timeout = Duration::from_secs(10);
@@ -343,7 +354,7 @@ pub(crate) async fn fence(ladder: &Ladder, partition: i32, partitions: i32) {
 /// consumed under a settled membership.
 pub(crate) async fn start_joined(ladder: &Ladder, handler: Arc<Scripted>) -> retry_kafka::Listener {
     let listener = within("start", retry_kafka::Listener::start(ladder.config(), handler)).await.unwrap();
-    let groups = ladder.config().groups().len() as u64;
+    let groups = ladder.consumed().len() as u64;
     eventually("the listener to join its groups", SETTLE, || async {
         (listener.stats().snapshot().rebalances >= groups).then_some(())
     })

@@ -38,7 +38,7 @@ async fn verification_names_every_missing_topic() {
 
     // A listener refuses to start, and creates nothing.
     let policy = RetryPolicy::new(topology.clone(), PolicyConfig::default());
-    let config = ListenerConfig::new(connection.clone(), "never-starts", policy);
+    let config = ListenerConfig::new(connection.clone(), "never-starts", policy).unwrap();
     let refused = within("start", Listener::start(config, Scripted::new(&[]))).await;
     assert_eq!(problems(refused.map(|_| ())).len(), 4);
     assert_eq!(problems(within("verify", plan.verify(&connection)).await).len(), 4, "nothing was auto-created");

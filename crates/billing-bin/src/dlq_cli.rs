@@ -27,7 +27,8 @@ pub(crate) async fn run(kafka: &KafkaArgs, args: &DlqArgs) -> Result<(), Failure
         base: args.operator_url.trim_end_matches('/').to_owned(),
         token,
     };
-    let dlq = format!("{}.dlq", kafka.topic);
+    let topology = crate::topology(kafka)?;
+    let dlq = topology.dead_letter_topic();
     let answer = match &args.action {
         DlqAction::List => client.call(reqwest::Method::GET, "/admin/dlq", None).await?,
         DlqAction::Show { partition, offset, limit } => {

@@ -101,9 +101,9 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");
     let operators_server = match token {
         Some(token) => {
-            let group =
-                retry_kafka::ListenerConfig::new(connection.clone(), &args.group_id, policy.clone()).operators_group();
-            let store = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &group).await?;
+            let groups = retry_core::LadderGroups::new(&args.group_id, policy.topology())
+                .map_err(|e| Failure::Config(e.to_string()))?;
+            let store = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups).await?;
             let failures = operators::AuthFailures::new(args.operator_max_auth_failures, Duration::from_secs(60));
             let mut operators = operators::Operators::new(token, policy.clone(), store, idempotency_window, failures);
             // Answer before the request's own deadline cuts the wait short.
@@ -121,11 +121,15 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
         }
     };
 
-    let mut config = retry_kafka::ListenerConfig::new(connection, &args.group_id, policy);
+    let mut config = retry_kafka::ListenerConfig::new(connection, &args.group_id, policy)?;
     config.handler_timeout = args.provider_timeout + args.provider_timeout / 2;
     config.dlq_poll_interval = args.dlq_poll_interval;
     config.window = window;
-    let groups = config.groups();
+    let groups: Vec<(String, String)> = config
+        .groups()
+        .consumed(config.policy().topology())
+        .map(|(_, topic, group)| (topic.to_owned(), group.to_owned()))
+        .collect();
     let listener = Listener::start(config, Arc::new(handler)).await?;
     let mut registry = prometheus_client::registry::Registry::default();
     listener.register_metrics(&mut registry);

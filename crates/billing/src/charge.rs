@@ -1,8 +1,7 @@
 use std::time::Duration;
 
 use reqwest::{StatusCode, Url};
-use retry_core::{classify_http_status, FailureKind, HandlerError};
-use retry_kafka::{ConsumedRecord, RecordHandler};
+use retry_core::{classify_http_status, ConsumedRecord, FailureKind, HandlerError, RecordHandler};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;

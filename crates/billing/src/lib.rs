@@ -6,7 +6,7 @@
 //!
 //! - [`OrderConfirmedEvent::from_json`] decodes and validates a payload, or
 //!   says precisely what is wrong with it ([`InvalidEvent`]).
-//! - [`ChargeHandler`] is the [`RecordHandler`](retry_kafka::RecordHandler):
+//! - [`ChargeHandler`] is the [`RecordHandler`](retry_core::RecordHandler):
 //!   `POST <base_url>/charges` under the [`ChargeRules`] (currencies,
 //!   maximum amount), a confirmation of every 409 with the provider, and a
 //!   classification of every failure as transient (retry later) or
@@ -14,10 +14,12 @@
 //!
 //! It is the only crate that knows the billing provider: its URL, its
 //! request format and what its answers mean (which failures are worth
-//! retrying). It must never know more of Kafka than the
-//! [`RecordHandler`](retry_kafka::RecordHandler) trait it implements:
-//! topics, retries and dead-lettering are `retry-kafka`'s and `retry-core`'s
-//! business, and wiring and configuration are `billing-bin`'s.
+//! retrying). It depends on `retry-core` alone, never on the Kafka
+//! transport: it knows the [`RecordHandler`](retry_core::RecordHandler)
+//! contract it implements and the failure classification, while topics,
+//! retries and dead-lettering are `retry-kafka`'s and `retry-core`'s
+//! business, and wiring and configuration are `billing-bin`'s. `cargo xtask
+//! ci` checks that its dependency graph holds no Kafka client.
 //!
 //! ```no_run
 //! use std::time::Duration;

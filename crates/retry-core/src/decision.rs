@@ -15,9 +15,30 @@ impl Stage {
     /// The source topic: the first attempt.
     pub const SOURCE: Stage = Stage(None);
 
+    /// The stage of rung `index`; callers make sure the rung exists.
+    pub(crate) fn rung_at(index: usize) -> Stage {
+        Stage(Some(index))
+    }
+
     /// The rung index (0 is the first retry topic), or `None` for the source.
     pub fn rung(self) -> Option<usize> {
         self.0
+    }
+
+    /// Which attempt a record read at this stage is: 1 on the source topic,
+    /// `n + 2` on rung `n`.
+    ///
+    /// ```
+    /// use retry_core::{RetryPolicy, RetryTopology, Stage};
+    ///
+    /// let topology = RetryTopology::new("orders", &"5s,30s".parse().unwrap()).unwrap();
+    /// let policy = RetryPolicy::new(topology, Default::default());
+    /// assert_eq!(Stage::SOURCE.attempt(), 1);
+    /// assert_eq!(policy.stage_of("orders.retry-30s").unwrap().attempt(), 3);
+    /// ```
+    pub fn attempt(self) -> u32 {
+        // Rung indices are below MAX_RUNGS, so this cannot truncate.
+        self.0.map_or(1, |rung| rung as u32 + 2)
     }
 }
 
@@ -146,7 +167,7 @@ impl RetryPolicy {
             Ok(()) => return Decision::Commit,
             Err(error) => error,
         };
-        let failed_attempts = attempts_failed_at(stage);
+        let failed_attempts = stage.attempt();
         let mut next = match stage.rung() {
             // The ladder begins here. A replayed record carries its replay
             // count and first timestamp forward; a producer's garbage in
@@ -165,7 +186,7 @@ impl RetryPolicy {
                 replay_count: RetryHeaders::decode_replay_count(record.headers).unwrap_or(0),
                 first_timestamp: RetryHeaders::decode_first_timestamp(record.headers).unwrap_or(None),
             },
-            Some(rung) => match previous_headers(rung, record.headers) {
+            Some(_) => match previous_headers(stage, record.headers) {
                 Ok(previous) => {
                     RetryHeaders { attempt: failed_attempts, due_at: None, dead_letter_reason: None, ..previous }
                 }
@@ -234,15 +255,10 @@ impl RetryPolicy {
     }
 }
 
-/// How many attempts have failed once the handler failed at `stage`.
-fn attempts_failed_at(stage: Stage) -> u32 {
-    // Rung indices are below MAX_RUNGS, so this cannot truncate.
-    stage.rung().map_or(1, |rung| rung as u32 + 2)
-}
-
-fn previous_headers(rung: usize, headers: &Headers) -> Result<RetryHeaders, Error> {
+/// The headers a retry record carries from the attempt before `stage`.
+fn previous_headers(stage: Stage, headers: &Headers) -> Result<RetryHeaders, Error> {
     let previous = RetryHeaders::decode(headers)?;
-    let expected = rung as u32 + 1;
+    let expected = stage.attempt() - 1;
     if previous.attempt != expected {
         return Err(Error::CorruptHeader {
             header: crate::header_names::ATTEMPT,

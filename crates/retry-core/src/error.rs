@@ -27,6 +27,14 @@ pub enum Error {
         /// Which rule it breaks.
         reason: &'static str,
     },
+    /// A consumer group id cannot derive the ladder's groups.
+    #[error("invalid group id {group_id:?}: {reason}")]
+    InvalidGroupId {
+        /// The offending id (at most its first 64 characters).
+        group_id: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
     /// An in-flight window was misconfigured or misused.
     #[error("in-flight window: {0}")]
     InvalidWindow(String),

@@ -13,8 +13,8 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use retry_core::{HandlerError, RetryPolicy, RetryTopology};
-//! use retry_kafka::{ConnectionConfig, ConsumedRecord, Listener, ListenerConfig, RecordHandler, TopicPlan};
+//! use retry_core::{ConsumedRecord, HandlerError, RecordHandler, RetryPolicy, RetryTopology};
+//! use retry_kafka::{ConnectionConfig, Listener, ListenerConfig, TopicPlan};
 //!
 //! struct Charge;
 //!
@@ -32,7 +32,7 @@
 //! TopicPlan::new(topology.clone(), 3).create(&connection, true).await?;
 //!
 //! let policy = RetryPolicy::new(topology, Default::default());
-//! let config = ListenerConfig::new(connection, "billing", policy);
+//! let config = ListenerConfig::new(connection, "billing", policy)?;
 //! let listener = Listener::start(config, Arc::new(Charge)).await?; // verifies the topics
 //! // ... until SIGTERM:
 //! listener.shutdown().await;
@@ -61,12 +61,13 @@ pub use admin::{
     offsets::GroupOffsets,
     topics::{Created, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec},
 };
-pub use consumer::{
-    handler::{ConsumedRecord, RecordHandler},
-    listener::{Listener, ListenerConfig, OffsetReset, Readiness},
-};
+pub use consumer::listener::{Listener, ListenerConfig, OffsetReset, Readiness};
 pub use error::{Error, Result};
 pub use protocol::{group::TopicPartition, ResponseError};
+/// The handler contract, defined in [`retry_core`] so that a service's
+/// domain code needs no transport.
+#[doc(no_inline)]
+pub use retry_core::{ConsumedRecord, RecordHandler};
 pub use security::{SaslCredentials, SaslMechanism, Secret, Security, SecurityProtocol, TlsFile, TlsSettings};
 pub use stats::{ListenerStats, StatsSnapshot};
 

@@ -3,8 +3,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use retry_core::{FailureKind, HandlerError, Headers};
-use retry_kafka::{ConsumedRecord, RecordHandler};
+use retry_core::{ConsumedRecord, FailureKind, HandlerError, Headers, RecordHandler};
 use serde_json::json;
 use tokio::sync::mpsc;
 

@@ -10,7 +10,8 @@ use std::{
 
 use bytes::Bytes;
 use retry_core::{
-    Headers, OperatorsPosition, ReplayGuards, ReplaySelection, ReplayTarget, RetryHeaders, RetryPolicy, Timestamp,
+    Headers, LadderGroups, OperatorsPosition, ReplayGuards, ReplaySelection, ReplayTarget, RetryHeaders, RetryPolicy,
+    Timestamp,
 };
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use tokio::sync::Mutex;
@@ -181,6 +182,10 @@ pub struct DeadLetterAdmin {
     connection: ConnectionConfig,
     policy: RetryPolicy,
     operators: Mutex<GroupClient>,
+    /// The group whose leader holds the replay lock: apart from the
+    /// operators' group, whose offsets every instance commits
+    /// (acknowledgements included) without being a member.
+    lock_group: String,
     publisher: Publisher,
     /// The replay lock while this instance replays: commits go through its generation.
     lock: std::sync::Mutex<Option<Arc<ReplayLock>>>,
@@ -215,10 +220,10 @@ const MAX_PAGE_BYTES: i32 = 64 << 20;
 
 impl DeadLetterAdmin {
     /// Connects to the cluster for `policy`'s dead-letter topic, with the
-    /// operators' group `operators_group`.
-    pub async fn connect(connection: ConnectionConfig, policy: RetryPolicy, operators_group: &str) -> Result<Self> {
+    /// operators' and replay-lock groups of `groups`.
+    pub async fn connect(connection: ConnectionConfig, policy: RetryPolicy, groups: &LadderGroups) -> Result<Self> {
         let cluster = Arc::new(Cluster::connect(&connection).await?);
-        Ok(Self::with_cluster(cluster, connection, policy, operators_group))
+        Ok(Self::with_cluster(cluster, connection, policy, groups))
     }
 
     /// The same on a client the caller already has (the listener's).
@@ -226,7 +231,7 @@ impl DeadLetterAdmin {
         cluster: Arc<Cluster>,
         connection: ConnectionConfig,
         policy: RetryPolicy,
-        operators_group: &str,
+        groups: &LadderGroups,
     ) -> Self {
         DeadLetterAdmin {
             publisher: Publisher::new(
@@ -234,7 +239,8 @@ impl DeadLetterAdmin {
                 crate::consumer::listener::DEFAULT_MAX_REQUEST_BYTES,
                 Default::default(),
             ),
-            operators: Mutex::new(GroupClient::new(connection.clone(), operators_group)),
+            operators: Mutex::new(GroupClient::new(connection.clone(), groups.operators())),
+            lock_group: groups.replay_lock().to_owned(),
             connection,
             cluster,
             policy,
@@ -442,7 +448,7 @@ impl DeadLetterAdmin {
         position: &OperatorsPosition,
     ) -> Result<OperatorsPosition> {
         if self.held_lock().is_some_and(|lock| lock.generation().is_none()) {
-            return Err(Error::ReplayLockLost { group: lock_group(operators.group_id()) });
+            return Err(Error::ReplayLockLost { group: self.lock_group.clone() });
         }
         let merged = position.merge(&self.position(operators, partition, earliest).await?);
         let commit = BTreeMap::from([((self.topic().to_owned(), partition), (merged.next(), Some(merged.metadata())))]);
@@ -498,8 +504,7 @@ impl DeadLetterAdmin {
         let lock = if request.dry_run {
             None
         } else {
-            let group = lock_group(self.operators.lock().await.group_id());
-            Some(Arc::new(ReplayLock::acquire(self.connection.clone(), &group, &self.instance).await?))
+            Some(Arc::new(ReplayLock::acquire(self.connection.clone(), &self.lock_group, &self.instance).await?))
         };
         *self.lock.lock().unwrap_or_else(|p| p.into_inner()) = lock.clone();
         let outcome = self.replay_locked(request, &mut progress).await;
@@ -698,13 +703,6 @@ impl DeadLetterAdmin {
 /// Why a record cannot be handled out of order on some brokers.
 const NO_METADATA: &str = "cannot be recorded out of order: this broker drops offset-commit metadata, \
     so a repeat would replay it again; replay or acknowledge the records before it first";
-
-/// The group whose leader holds the replay lock: apart from the operators'
-/// group, whose offsets every instance commits (acknowledgements included)
-/// without being a member.
-fn lock_group(operators_group: &str) -> String {
-    format!("{operators_group}.replay-lock")
-}
 
 /// This instance's name, as other instances are told when it holds the
 /// replay lock: the host and the process id.

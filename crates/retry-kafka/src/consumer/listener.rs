@@ -3,7 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use retry_core::RetryPolicy;
+use retry_core::{LadderGroups, RetryPolicy};
 use rskafka::client::{Client, ClientBuilder};
 
 use crate::cluster::Cluster;
@@ -31,11 +31,10 @@ pub enum OffsetReset {
 pub struct ListenerConfig {
     /// How to reach the cluster.
     pub connection: ConnectionConfig,
-    /// The source topic's consumer group. Rung `n` uses `<group_id>.retry-<label>`
-    /// (e.g. `billing.retry-5s`), so each rung's progress is visible on its own.
-    pub group_id: String,
+    /// The ladder's groups, derived from the source topic's group id.
+    groups: LadderGroups,
     /// The ladder's topics and decisions.
-    pub policy: RetryPolicy,
+    policy: RetryPolicy,
     /// The group session timeout: without a heartbeat for this long, the
     /// coordinator drops the member.
     pub session_timeout: Duration,
@@ -96,10 +95,16 @@ impl ListenerConfig {
     /// A config with defaults: 10 s session, 3 s heartbeats, 30 s handler
     /// timeout, 10 s grace, commits every second or 100 records, 1 MiB fetches
     /// (64 KiB on retry rungs), 64 records in flight per partition.
-    pub fn new(connection: ConnectionConfig, group_id: &str, policy: RetryPolicy) -> Self {
-        ListenerConfig {
+    ///
+    /// `group_id` is the source topic's consumer group; the other groups
+    /// derive from it ([`LadderGroups`]: rung `n` uses `<group_id>.retry-<label>`,
+    /// e.g. `billing.retry-5s`, so each rung's progress is visible on its
+    /// own). Fails when `group_id` cannot derive them.
+    pub fn new(connection: ConnectionConfig, group_id: &str, policy: RetryPolicy) -> Result<Self> {
+        let groups = LadderGroups::new(group_id, policy.topology())?;
+        Ok(ListenerConfig {
             connection,
-            group_id: group_id.to_owned(),
+            groups,
             policy,
             session_timeout: Duration::from_secs(10),
             rebalance_timeout: Duration::from_secs(30),
@@ -119,30 +124,17 @@ impl ListenerConfig {
             dlq_poll_interval: Duration::from_secs(15),
             partition_check_interval: Duration::from_secs(30),
             window: retry_core::WindowConfig::default(),
-        }
+        })
     }
 
-    /// The consumer group of each consumed topic: the source's, then each rung's.
-    pub fn groups(&self) -> Vec<(String, String)> {
-        self.policy
-            .stages()
-            .map(|(stage, topic)| {
-                let group = match stage.rung() {
-                    None => self.group_id.clone(),
-                    Some(i) => {
-                        let rung = &self.policy.topology().schedule().rungs()[i];
-                        format!("{}.retry-{}", self.group_id, rung.label())
-                    }
-                };
-                (topic.to_string(), group)
-            })
-            .collect()
+    /// The ladder's topics and decisions.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
     }
 
-    /// The operators' group: its committed offsets on the dead-letter topic
-    /// mark what operators replayed or acknowledged.
-    pub fn operators_group(&self) -> String {
-        format!("{}.dlq-operators", self.group_id)
+    /// The consumer group of each consumed topic, and the operators' groups.
+    pub fn groups(&self) -> &LadderGroups {
+        &self.groups
     }
 
     fn validate(&self) -> Result<()> {
@@ -236,13 +228,13 @@ impl Listener {
         });
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        let groups = shared.config.groups();
-        let groups_len = groups.len();
-        for ((stage, _), (topic, group_id)) in shared.config.policy.stages().zip(groups) {
+        let mut members = 0;
+        for (stage, topic, group_id) in shared.config.groups.consumed(shared.config.policy.topology()) {
+            let (topic, group_id) = (topic.to_owned(), group_id.to_owned());
             let member = Member { shared: shared.clone(), stage, topic, group_id, shutdown: shutdown.clone() };
             tasks.spawn(member.run());
+            members += 1;
         }
-        let members = groups_len;
         let ready = {
             let shared = shared.clone();
             Readiness(Arc::new(move || {
@@ -255,7 +247,7 @@ impl Listener {
                 shared.cluster.clone(),
                 shared.config.connection.clone(),
                 shared.config.policy.clone(),
-                &shared.config.operators_group(),
+                &shared.config.groups,
             ),
             interval: shared.config.dlq_poll_interval,
             metrics: metrics.clone(),

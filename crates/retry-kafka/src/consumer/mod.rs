@@ -1,13 +1,12 @@
 //! The consumer runtime: a [`listener::Listener`] runs one group member
 //! (`member`) per consumed topic; a member joins, heartbeats and runs a
 //! worker (`worker`) per assigned partition for as long as a generation
-//! lasts; workers hand records to the handler (`handler`), execute
+//! lasts; workers hand records to the handler (retry-core's `RecordHandler`), execute
 //! retry-core's decisions through the publisher, and report finished
 //! offsets to the committer (`commit`). Where a partition starts and
 //! whether a doubted position stands is decided in `position`, purely.
 
 pub(crate) mod commit;
-pub(crate) mod handler;
 pub(crate) mod listener;
 pub(crate) mod member;
 pub(crate) mod position;

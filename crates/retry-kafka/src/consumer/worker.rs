@@ -456,7 +456,7 @@ impl<H: RecordHandler> Worker<H> {
                 partition,
                 offset,
                 key = key.as_deref().unwrap_or(""),
-                attempt = self.attempt()
+                attempt = self.stage.attempt()
             );
             in_flight.running.push(Box::pin(async move { (offset, self.process(record).await) }.instrument(span)));
         }
@@ -557,11 +557,6 @@ impl<H: RecordHandler> Worker<H> {
         }
     }
 
-    /// Which attempt a record of this stage gets: 1 on the source topic.
-    fn attempt(&self) -> u32 {
-        self.stage.rung().map_or(1, |rung| rung as u32 + 2)
-    }
-
     /// Awaits `work` unless the worker is told to stop first (`None`).
     async fn unless_stopped<T>(&self, work: impl std::future::Future<Output = T>) -> Option<T> {
         tokio::select! {
@@ -657,7 +652,7 @@ impl<H: RecordHandler> Worker<H> {
     async fn process(&self, record: Fetched) -> Processed {
         let (topic, partition) = &self.tp;
         let shared = &self.shared;
-        let policy = &shared.config.policy;
+        let policy = &shared.config.policy();
         let Fetched { offset, key, value, headers, timestamp, null_headers } = record;
         if !null_headers.is_empty() {
             bump(&shared.stats.null_headers_dropped);
@@ -681,7 +676,7 @@ impl<H: RecordHandler> Worker<H> {
             value: value.clone(),
             headers: headers.clone(),
             timestamp,
-            attempt: self.attempt(),
+            attempt: self.stage.attempt(),
         };
         let Some(outcome) = self.run_handler(consumed).await else { return Processed::Abandoned };
         let now = Timestamp::from(std::time::SystemTime::now());

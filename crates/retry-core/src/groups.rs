@@ -1,0 +1,120 @@
+//! The consumer groups of a ladder, derived from one group id.
+
+use crate::{Error, Result, RetryTopology, Stage};
+
+/// The longest group id accepted: room for the longest derived suffix
+/// within what brokers and their logs handle comfortably.
+pub const MAX_GROUP_ID_BYTES: usize = 200;
+
+/// The consumer groups of one listener, all derived from its group id:
+/// each consumed topic gets a group of its own, so that a rung's backlog
+/// never holds back the source's commits, and the operators' position on the
+/// dead-letter topic is a group that nothing consumes.
+///
+/// ```
+/// use retry_core::{LadderGroups, RetryTopology, Stage};
+///
+/// let topology = RetryTopology::new("orders.confirmed", &"5s,30s".parse().unwrap()).unwrap();
+/// let groups = LadderGroups::new("billing", &topology).unwrap();
+/// let consumed: Vec<(&str, &str)> = groups.consumed(&topology).map(|(_, topic, group)| (topic, group)).collect();
+/// assert_eq!(consumed, [
+///     ("orders.confirmed", "billing"),
+///     ("orders.confirmed.retry-5s", "billing.retry-5s"),
+///     ("orders.confirmed.retry-30s", "billing.retry-30s"),
+/// ]);
+/// assert_eq!(groups.of(Stage::SOURCE), "billing");
+/// assert_eq!(groups.operators(), "billing.dlq-operators");
+/// assert_eq!(groups.replay_lock(), "billing.dlq-operators.replay-lock");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LadderGroups {
+    source: String,
+    rungs: Vec<String>,
+    operators: String,
+    replay_lock: String,
+}
+
+impl LadderGroups {
+    /// Derives every group of `topology`'s ladder from `group_id`; fails when
+    /// `group_id` is empty, longer than [`MAX_GROUP_ID_BYTES`], or holds
+    /// whitespace or control characters (which make broker logs ambiguous).
+    pub fn new(group_id: &str, topology: &RetryTopology) -> Result<Self> {
+        let invalid = |reason| Err(Error::InvalidGroupId { group_id: group_id.chars().take(64).collect(), reason });
+        if group_id.is_empty() {
+            return invalid("a group id cannot be empty");
+        }
+        if group_id.len() > MAX_GROUP_ID_BYTES {
+            return invalid("a group id has at most 200 bytes");
+        }
+        if group_id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return invalid("a group id cannot hold whitespace or control characters");
+        }
+        let rungs = topology.retry_topics().map(|(rung, _)| format!("{group_id}.retry-{}", rung.label())).collect();
+        let operators = format!("{group_id}.dlq-operators");
+        let replay_lock = format!("{operators}.replay-lock");
+        Ok(LadderGroups { source: group_id.to_owned(), rungs, operators, replay_lock })
+    }
+
+    /// The group that consumes the topic of `stage`.
+    ///
+    /// # Panics
+    /// When `stage` names a rung this ladder does not have: a stage comes
+    /// from the [`RetryPolicy`](crate::RetryPolicy) of the same topology.
+    pub fn of(&self, stage: Stage) -> &str {
+        match stage.rung() {
+            None => &self.source,
+            Some(rung) => self.rungs.get(rung).expect("a stage of another ladder"),
+        }
+    }
+
+    /// Each consumed topic of `topology` (the one these groups were derived
+    /// from) with its stage and group: the source first, then each rung.
+    pub fn consumed<'a>(&'a self, topology: &'a RetryTopology) -> impl Iterator<Item = (Stage, &'a str, &'a str)> {
+        let source = std::iter::once((Stage::SOURCE, topology.source_topic().as_str(), self.source.as_str()));
+        let rungs = topology
+            .retry_topics()
+            .zip(&self.rungs)
+            .enumerate()
+            .map(|(i, ((_, topic), group))| (Stage::rung_at(i), topic.as_str(), group.as_str()));
+        source.chain(rungs)
+    }
+
+    /// The operators' group: its committed offsets on the dead-letter topic
+    /// mark what operators replayed or acknowledged. Nothing consumes it.
+    pub fn operators(&self) -> &str {
+        &self.operators
+    }
+
+    /// The group whose single member holds the replay lock: a replay runs
+    /// only while its instance leads this group, whatever the instance count.
+    pub fn replay_lock(&self) -> &str {
+        &self.replay_lock
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn check(group_id: &str, expected: Result<&str, &str>) {
+        let topology = RetryTopology::new("orders", &"1s".parse().unwrap()).unwrap();
+        let actual = LadderGroups::new(group_id, &topology).map(|g| g.of(Stage::rung_at(0)).to_owned());
+        let actual = actual.as_deref().map_err(|e| match e {
+            Error::InvalidGroupId { reason, .. } => *reason,
+            other => panic!("unexpected {other}"),
+        });
+        assert_eq!(actual, expected, "{group_id:?}");
+    }
+
+    #[test]
+    fn group_ids() {
+        check("billing", Ok("billing.retry-1s"));
+        check("team/billing:v2", Ok("team/billing:v2.retry-1s"));
+        check(&"g".repeat(200), Ok(&format!("{}.retry-1s", "g".repeat(200))));
+        check("", Err("a group id cannot be empty"));
+        check(&"g".repeat(201), Err("a group id has at most 200 bytes"));
+        check("bill ing", Err("a group id cannot hold whitespace or control characters"));
+        check("billing\n", Err("a group id cannot hold whitespace or control characters"));
+    }
+}
