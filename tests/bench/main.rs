@@ -29,7 +29,9 @@ use std::{
 use chrono::{TimeZone, Utc};
 use integration::{broker_addr, rskafka_client};
 use retry_core::{HandlerError, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
-use retry_kafka::{ConnectionConfig, ConsumedRecord, GroupOffsets, Listener, ListenerConfig, RecordHandler, TopicPlan};
+use retry_kafka::{
+    ConnectionConfig, ConsumedRecord, GroupOffsets, Listener, ListenerConfig, RecordHandler, TopicPartition, TopicPlan,
+};
 use rskafka::{
     client::partition::{Compression, UnknownTopicHandling},
     record::Record,
@@ -219,7 +221,7 @@ async fn pipeline(
     let started = Instant::now();
     let listener = Listener::start(config, handler.clone()).await.expect("listener");
     // Drained: the source group committed every record.
-    let tps: Vec<(String, i32)> = (0..partitions).map(|p| (topic.to_owned(), p)).collect();
+    let tps: Vec<TopicPartition> = (0..partitions).map(|p| TopicPartition::new(topic, p)).collect();
     let mut offsets = GroupOffsets::new(connection, &group);
     let per_partition = (records / partitions as usize) as i64;
     loop {

@@ -35,7 +35,7 @@ use integration::{
 };
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
 use retry_core::{header_names, LadderGroups, RetrySchedule, RetryTopology};
-use retry_kafka::{ConnectionConfig, GroupOffsets};
+use retry_kafka::{ConnectionConfig, GroupOffsets, TopicPartition};
 use rskafka::{
     client::partition::{Compression, OffsetAt, PartitionClient, UnknownTopicHandling},
     record::Record,
@@ -466,7 +466,8 @@ impl Ladder {
         let mut consumed = Vec::new();
         for watched in &mut self.consumed {
             let ends = end_offsets(&watched.partitions).await;
-            let tps: Vec<(String, i32)> = (0..ends.len() as i32).map(|p| (watched.topic.clone(), p)).collect();
+            let tps: Vec<TopicPartition> =
+                (0..ends.len() as i32).map(|p| TopicPartition::new(watched.topic.clone(), p)).collect();
             let lag = match tokio::time::timeout(Duration::from_secs(5), watched.group.committed(&tps)).await {
                 Ok(Ok(committed)) => Some(
                     tps.iter()

@@ -18,7 +18,7 @@ use retry_kafka::TopicPlan;
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-use crate::support::{eventually, header, produce, read_partition, SETTLE};
+use crate::support::{committed, eventually, header, produce, read_partition, SETTLE};
 
 fn billing_bin() -> PathBuf {
     match std::env::var_os("BILLING_BIN") {
@@ -189,6 +189,28 @@ fn event(amount: &str) -> (Uuid, String) {
     (order, json)
 }
 
+/// Waits until every group of the ladder committed the end of its topic,
+/// in ladder order (records only flow down): every record on the ladder,
+/// retries included, was handled, so nothing left can charge again.
+async fn wait_drained(setup: &Setup) {
+    let topology = setup.topology();
+    let groups = LadderGroups::new(&setup.group, &topology).unwrap();
+    let connection = integration::connection("kafka-retry-it");
+    for (_, topic, group) in groups.consumed(&topology) {
+        eventually(&format!("{group} to commit the end of {topic}"), SETTLE, || async {
+            let committed = committed(&connection, group, topic, setup.partitions).await;
+            for p in 0..setup.partitions {
+                let end = read_partition(topic, p).await.last().map_or(0, |r| r.offset + 1);
+                if committed[&p].unwrap_or(0) < end {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
+    }
+}
+
 /// Every record of the topic's dead-letter topic, both partitions, as
 /// (key, reason, error).
 async fn dead_letters(setup: &Setup) -> Vec<(String, String, String)> {
@@ -215,7 +237,7 @@ async fn transient_provider_failures_recover_and_charge_exactly_once() {
 
     eventually("the charge", SETTLE, || async { (!provider.charges_for(&order.to_string()).is_empty()).then_some(()) })
         .await;
-    tokio::time::sleep(Duration::from_millis(500)).await; // room for a wrong second charge
+    wait_drained(&setup).await;
     service.stop().await;
     let charges = provider.charges_for(&order.to_string());
     assert_eq!(charges.len(), 1, "{charges:?}");
@@ -516,7 +538,7 @@ async fn metrics_count_outcomes_and_the_dead_letter_backlog_follows_the_operator
     let connection = integration::connection("kafka-retry-it");
     let groups = LadderGroups::new(&setup.group, &setup.topology()).unwrap();
     let mut operators = retry_kafka::GroupOffsets::new(connection, groups.operators());
-    let acknowledged = BTreeMap::from([((setup.dlq(), dead_partition), 1)]);
+    let acknowledged = BTreeMap::from([(retry_kafka::TopicPartition::new(setup.dlq(), dead_partition), 1)]);
     within("acknowledge", operators.commit(&acknowledged)).await.unwrap();
     eventually("the backlog back to zero", SETTLE, || async {
         (service.metric(&backlog).await == Some(0.0)).then_some(())

@@ -327,7 +327,7 @@ async fn mock_only_a_partition_that_cannot_publish_stalls_visibly_and_resumes() 
 async fn mock_only_requests_that_never_answer_are_abandoned_and_their_connections_replaced() {
     let mock = MockCluster::get();
     let mut ladder = Ladder::create("no-answer", "200ms", 1).await;
-    ladder.connection.request_timeout = Duration::from_secs(2);
+    ladder.connection = ladder.connection.clone().with_request_timeout(Duration::from_secs(2)).unwrap();
     let handler = Scripted::new(&[("after-1", &[Step::Transient])]);
     let listener = start_joined(&ladder, Arc::clone(&handler)).await;
     produce(ladder.source(), 0, "before", "{}", &[]).await;

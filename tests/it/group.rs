@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use integration::{broker_addr, kafka_client};
+use integration::{broker_addr, kafka_client, KafkaClientRun};
 use retry_kafka::Listener;
 use serde_json::Value;
 
@@ -22,18 +22,20 @@ async fn a_restart_resumes_from_the_committed_offset() {
     listener.shutdown().await;
     assert_eq!(committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0], Some(3));
 
-    for key in ["d", "e"] {
+    // A sentinel after the new records: once it is handled, every record
+    // before it was fetched and dispatched, a wrong redelivery included, and
+    // the shutdown waits for every call dispatched.
+    for key in ["d", "e", "sentinel"] {
         produce(ladder.source(), 0, key, "v", &[]).await;
     }
     let second = Scripted::new(&[]);
     let listener = Listener::start(ladder.config(), second.clone()).await.unwrap();
-    eventually("two more records", SETTLE, || async { (second.calls().len() == 2).then_some(()) }).await;
-    tokio::time::sleep(Duration::from_millis(500)).await; // room for a wrong redelivery to show
+    eventually("the sentinel", SETTLE, || async { second.succeeded("sentinel").then_some(()) }).await;
     listener.shutdown().await;
     // Different keys, handled at once: in any order.
     let mut keys: Vec<String> = second.calls().into_iter().map(|c| c.key).collect();
     keys.sort();
-    assert_eq!(keys, ["d", "e"]);
+    assert_eq!(keys, ["d", "e", "sentinel"]);
 }
 
 /// A listener crashes between republishing a record and committing its
@@ -168,19 +170,19 @@ async fn a_foreign_client_shares_the_group_and_its_offsets() {
     // confluent-kafka joins our source group; it takes one partition,
     // commits the record it reads there, and leaves.
     let (brokers, group, topic) = (broker_addr(), ladder.group_id.clone(), ladder.source().to_owned());
-    let theirs = tokio::spawn(async move {
-        let args = ["consume", "--brokers", &brokers, "--group", &group, "--topic", &topic];
-        kafka_client(&[&args[..], &["--max-records", "1", "--idle-timeout-s", "20", "--commit"]].concat()).await
-    });
+    let args = ["consume", "--brokers", &brokers, "--group", &group, "--topic", &topic];
+    let mut theirs =
+        KafkaClientRun::start(&[&args[..], &["--max-records", "1", "--idle-timeout-s", "20", "--commit"]].concat());
     eventually("our member to rejoin with the foreign one", SETTLE, || async {
         (listener.stats().snapshot().rebalances > before).then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await; // the foreign member completes its sync
+    // Their assignment: from now on, each of us reads one partition.
+    theirs.wait_for_line("the foreign member's assignment", |line| line.contains(r#""assigned""#)).await;
     produce(ladder.source(), 0, "r0", "v", &[]).await;
     produce(ladder.source(), 1, "r1", "v", &[]).await;
 
-    let output = theirs.await.unwrap();
+    let output = theirs.finish().await;
     let events: Vec<Value> = output.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let assigned: Vec<&Value> = events.iter().filter(|e| e["event"] == "assigned").collect();
     let read: Vec<&Value> = events.iter().filter(|e| e["event"] == "record").collect();

@@ -9,6 +9,7 @@ mod group;
 mod interop;
 mod ladder;
 mod sasl;
+mod stock;
 mod support;
 mod tls;
 mod topics;

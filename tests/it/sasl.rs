@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use integration::{broker_addr, connection, unique_topic, within};
-use retry_kafka::{Error, GroupOffsets, SaslCredentials, Secret, Security, SecurityProtocol};
+use retry_kafka::{Error, GroupOffsets, SaslCredentials, Secret, Security, SecurityProtocol, TopicPartition};
 
 use crate::support::billing_bin_topics_verify;
 
@@ -13,19 +13,19 @@ const WRONG_PASSWORD: &str = "not-the-password-4711";
 
 /// The test credentials with another password.
 fn with_wrong_password() -> retry_kafka::ConnectionConfig {
-    let mut c = connection("kafka-retry-it");
-    let right = c.security.sasl().expect("the SASL pass sets credentials").clone();
+    let c = connection("kafka-retry-it");
+    let right = c.security().sasl().expect("the SASL pass sets credentials").clone();
     let wrong = SaslCredentials { password: Secret::new(WRONG_PASSWORD), ..right };
-    c.security = Security::new(c.security.protocol(), Some(wrong), integration::tls_settings()).unwrap();
-    c
+    let protocol = c.security().protocol();
+    c.with_security(Security::new(protocol, Some(wrong), integration::tls_settings()).unwrap())
 }
 
 #[tokio::test]
 async fn sasl_only_a_wrong_password_is_refused_naming_broker_user_and_mechanism() {
     let config = with_wrong_password();
-    let user = config.security.sasl().unwrap().username.clone();
+    let user = config.security().sasl().unwrap().username.clone();
     let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
-    let result = within("committed offsets", offsets.committed(&[("t".to_owned(), 0)])).await;
+    let result = within("committed offsets", offsets.committed(&[TopicPartition::new("t", 0)])).await;
     let error = result.expect_err("a wrong password must be refused");
     assert!(matches!(error, Error::Authentication { .. }), "{error:?}");
     let message = error.to_string();
@@ -51,14 +51,16 @@ async fn sasl_only_billing_bin_with_a_wrong_password_exits_1_without_showing_it(
 
 #[tokio::test]
 async fn sasl_only_a_client_without_credentials_is_refused() {
-    let mut config = connection("kafka-retry-it");
+    let config = connection("kafka-retry-it");
     // The same transport (TLS or not), without SASL.
     let protocol =
-        if config.security.protocol().uses_tls() { SecurityProtocol::Ssl } else { SecurityProtocol::Plaintext };
-    config.security = Security::new(protocol, None, integration::tls_settings()).unwrap();
-    config.request_timeout = Duration::from_secs(5);
+        if config.security().protocol().uses_tls() { SecurityProtocol::Ssl } else { SecurityProtocol::Plaintext };
+    let config = config
+        .with_security(Security::new(protocol, None, integration::tls_settings()).unwrap())
+        .with_request_timeout(Duration::from_secs(5))
+        .unwrap();
     let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
-    let result = within("committed offsets", offsets.committed(&[("t".to_owned(), 0)])).await;
+    let result = within("committed offsets", offsets.committed(&[TopicPartition::new("t", 0)])).await;
     assert!(result.is_err(), "a broker that requires SASL answered a client without credentials");
 }
 
@@ -69,7 +71,7 @@ async fn sasl_only_a_client_without_credentials_is_refused() {
 #[tokio::test]
 async fn sasl_only_a_connection_that_outlives_its_session_authenticates_again() {
     let mut offsets = GroupOffsets::new(connection("kafka-retry-it"), &unique_topic("group"));
-    let partitions = [("t".to_owned(), 0)];
+    let partitions = [TopicPartition::new("t", 0)];
     within("committed offsets", offsets.committed(&partitions)).await.expect("the first request");
     // Time passing is what this test is about.
     tokio::time::sleep(Duration::from_secs(55)).await;

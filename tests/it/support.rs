@@ -296,9 +296,9 @@ pub(crate) async fn committed(
     n: i32,
 ) -> BTreeMap<i32, Option<i64>> {
     let mut offsets = retry_kafka::GroupOffsets::new(connection.clone(), group);
-    let tps: Vec<(String, i32)> = (0..n).map(|p| (topic.to_owned(), p)).collect();
+    let tps: Vec<retry_kafka::TopicPartition> = (0..n).map(|p| retry_kafka::TopicPartition::new(topic, p)).collect();
     let got = within("committed offsets", offsets.committed(&tps)).await.unwrap();
-    got.into_iter().map(|((_, p), o)| (p, o)).collect()
+    got.into_iter().map(|(tp, o)| (tp.partition, o)).collect()
 }
 
 /// What `billing-bin topics verify` did.

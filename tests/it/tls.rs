@@ -6,25 +6,27 @@
 use std::{path::PathBuf, time::Duration};
 
 use integration::{broker_addr, connection, tls_settings, unique_topic, within};
-use retry_kafka::{ConnectionConfig, Error, GroupOffsets, Security, TlsSettings};
+use retry_kafka::{ConnectionConfig, Error, GroupOffsets, Security, TlsSettings, TopicPartition};
 
 use crate::support::billing_bin_topics_verify;
 
 /// The suite's connection with other TLS settings, on `bootstrap`.
 fn with_tls(bootstrap: &str, change: impl FnOnce(&mut TlsSettings)) -> ConnectionConfig {
-    let mut c = connection("kafka-retry-it");
+    let suite = connection("kafka-retry-it");
     let mut tls = tls_settings();
     change(&mut tls);
-    c.bootstrap = vec![bootstrap.to_owned()];
-    c.security = Security::new(c.security.protocol(), c.security.sasl().cloned(), tls).expect("valid TLS settings");
-    c.request_timeout = Duration::from_secs(10);
-    c
+    let security = Security::new(suite.security().protocol(), suite.security().sasl().cloned(), tls);
+    ConnectionConfig::new(bootstrap, suite.client_id())
+        .unwrap()
+        .with_security(security.expect("valid TLS settings"))
+        .with_request_timeout(Duration::from_secs(10))
+        .unwrap()
 }
 
 /// Asks the cluster for committed offsets, the smallest round trip.
 async fn round_trip(config: ConnectionConfig) -> retry_kafka::Result<()> {
     let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
-    within("committed offsets", offsets.committed(&[("t".to_owned(), 0)])).await.map(drop)
+    within("committed offsets", offsets.committed(&[TopicPartition::new("t", 0)])).await.map(drop)
 }
 
 /// A CA nobody trusts, written to a fresh file.

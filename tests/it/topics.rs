@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use integration::{rskafka_client, unique_topic, within};
 use retry_core::{PolicyConfig, RetryPolicy, RetryTopology};
-use retry_kafka::{ConnectionConfig, Created, Error, Listener, ListenerConfig, TopicPlan, TopicProblem};
+use retry_kafka::{ConnectionConfig, Created, CreatedTopic, Error, Listener, ListenerConfig, TopicPlan, TopicProblem};
 
 use crate::support::{committed, eventually, init_tracing, produce, Ladder, Scripted, SETTLE};
 
@@ -49,9 +49,10 @@ async fn creation_is_explicit_and_idempotent_needs_create_topics() {
     let (connection, topology, plan) = plan(3);
     let created = within("create", plan.create(&connection, true)).await.unwrap();
     let names: Vec<String> = topology.all_topics().map(|t| t.to_string()).collect();
-    assert_eq!(created, names.iter().map(|n| (n.clone(), Created::Created)).collect::<Vec<_>>());
+    let outcome = |created| names.iter().map(|n| CreatedTopic { topic: n.clone(), created }).collect::<Vec<_>>();
+    assert_eq!(created, outcome(Created::Created));
     let again = within("create", plan.create(&connection, true)).await.unwrap();
-    assert_eq!(again, names.iter().map(|n| (n.clone(), Created::AlreadyExists)).collect::<Vec<_>>());
+    assert_eq!(again, outcome(Created::AlreadyExists));
     within("verify", plan.verify(&connection)).await.unwrap();
 
     let client = rskafka_client().await;
@@ -61,7 +62,7 @@ async fn creation_is_explicit_and_idempotent_needs_create_topics() {
         assert_eq!(topics.get(name), Some(&3), "{name}");
     }
     let specs = plan.specs();
-    let retention = |i: usize| specs[i].configs.iter().find(|(k, _)| k == "retention.ms").map(|(_, v)| v.clone());
+    let retention = |i: usize| specs[i].configs.get("retention.ms").cloned();
     assert_eq!(retention(0), None, "the source topic keeps the cluster's defaults");
     assert_eq!(retention(1), Some((7 * 24 * 3600 * 1000u64).to_string()));
     assert_eq!(retention(3), Some((30 * 24 * 3600 * 1000u64).to_string()));
@@ -93,7 +94,9 @@ async fn a_committed_offset_past_the_end_resets_loudly_instead_of_skipping() {
     produce(ladder.source(), 0, "b", "v", &[]).await;
     // As if retention had deleted what the group last committed.
     let mut offsets = retry_kafka::GroupOffsets::new(ladder.connection.clone(), &ladder.group_id);
-    within("commit", offsets.commit(&BTreeMap::from([((ladder.source().to_owned(), 0), 1_000)]))).await.unwrap();
+    within("commit", offsets.commit(&BTreeMap::from([(retry_kafka::TopicPartition::new(ladder.source(), 0), 1_000)])))
+        .await
+        .unwrap();
 
     let handler = Scripted::new(&[]);
     let listener = Listener::start(ladder.config(), Arc::clone(&handler)).await.unwrap();

@@ -12,7 +12,7 @@
 pub mod fake_provider;
 
 use std::{
-    io::Read,
+    io::{BufRead, Read},
     path::PathBuf,
     process::{Command, Stdio},
     sync::mpsc,
@@ -74,9 +74,9 @@ fn env(name: &str) -> Option<String> {
 
 /// A connection config for the test broker, secured as [`security`] says.
 pub fn connection(client_id: &str) -> retry_kafka::ConnectionConfig {
-    let mut c = retry_kafka::ConnectionConfig::new(&broker_addr(), client_id).expect("a valid broker address");
-    c.security = security();
-    c
+    retry_kafka::ConnectionConfig::new(&broker_addr(), client_id)
+        .expect("a valid broker address")
+        .with_security(security())
 }
 
 /// Every setting of `billing-bin` about security, so a test can clear them.
@@ -445,17 +445,52 @@ const KAFKA_CLIENT_GRACE: Duration = Duration::from_secs(15);
 /// the test, with the client's stderr, when it exits non-zero or outlives
 /// [`KAFKA_CLIENT_DEADLINE`].
 pub async fn kafka_client(args: &[&str]) -> String {
-    let args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
-    // Blocking reads and waits, off the test's runtime thread so rskafka's
-    // connection tasks keep running.
-    match tokio::task::spawn_blocking(move || run_kafka_client(&args)).await {
-        Ok(stdout) => stdout,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => panic!("the interop client's task was cancelled: {e}"),
+    KafkaClientRun::start(args).finish().await
+}
+
+/// The interop client while it runs: its output lines arrive as it prints
+/// them, so a test can wait for one of its events (an assignment) instead
+/// of guessing how long it takes.
+pub struct KafkaClientRun {
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    done: tokio::task::JoinHandle<String>,
+}
+
+impl KafkaClientRun {
+    /// Starts `interop/kafka_client.py` with `args`.
+    pub fn start(args: &[&str]) -> KafkaClientRun {
+        let args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
+        let (sender, lines) = tokio::sync::mpsc::unbounded_channel();
+        // Blocking reads and waits, off the test's runtime thread so rskafka's
+        // connection tasks keep running.
+        let done = tokio::task::spawn_blocking(move || run_kafka_client(&args, sender));
+        KafkaClientRun { lines, done }
+    }
+
+    /// Waits for the first line (from now on) that `wanted` accepts; fails
+    /// the test when the client ends first.
+    pub async fn wait_for_line(&mut self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        loop {
+            match within(what, self.lines.recv()).await {
+                Some(line) if wanted(&line) => return line,
+                Some(_) => {}
+                None => panic!("the interop client ended before {what}"),
+            }
+        }
+    }
+
+    /// Waits for the client's end and returns all it printed (failing the
+    /// test as [`kafka_client`] says).
+    pub async fn finish(self) -> String {
+        match self.done.await {
+            Ok(stdout) => stdout,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("the interop client's task was cancelled: {e}"),
+        }
     }
 }
 
-fn run_kafka_client(args: &[String]) -> String {
+fn run_kafka_client(args: &[String], lines: tokio::sync::mpsc::UnboundedSender<String>) -> String {
     let python = interop_python();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("interop").join("kafka_client.py");
     let mut cmd = Command::new(&python);
@@ -477,7 +512,20 @@ fn run_kafka_client(args: &[String]) -> String {
         });
         receiver
     };
-    let stdout = read_all(Box::new(child.stdout.take().expect("stdout is piped")));
+    let stdout = {
+        let pipe = child.stdout.take().expect("stdout is piped");
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                let _ = lines.send(line.clone());
+                all.push_str(&line);
+                all.push('\n');
+            }
+            let _ = sender.send(all);
+        });
+        receiver
+    };
     let stderr = read_all(Box::new(child.stderr.take().expect("stderr is piped")));
 
     // Its stdout closes when it exits; past the deadline, kill it.

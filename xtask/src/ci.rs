@@ -216,6 +216,9 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
 /// service binary they run end to end is.
 pub(crate) const BILLING_BIN_ENV: &str = "BILLING_BIN";
 
+/// The same for the second service, `stock`'s example.
+const STOCK_SERVICE_BIN_ENV: &str = "STOCK_SERVICE_BIN";
+
 fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::Result<()> {
     // The arguments already go after cargo's `--`; another one would turn
     // the skips added below into filters.
@@ -223,10 +226,19 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
     let test_args = test_args.as_slice();
     let python = crate::python::interop_python()?;
     let billing_bin = build_billing_bin()?;
+    run(Command::new(cargo()).current_dir(workspace_root()).args([
+        "build",
+        "--package",
+        "stock",
+        "--example",
+        "stock-service",
+    ]))?;
+    let stock_service = workspace_root().join("target").join("debug").join("examples").join("stock-service");
     let mut envs: Vec<(String, String)> = vec![
         (BROKERS_ENV.to_owned(), target.addr.to_owned()),
         (BROKER_KIND_ENV.to_owned(), target.kind.name().to_owned()),
         (BILLING_BIN_ENV.to_owned(), billing_bin.display().to_string()),
+        (STOCK_SERVICE_BIN_ENV.to_owned(), stock_service.display().to_string()),
         (crate::python::PYTHON_ENV.to_owned(), python.display().to_string()),
     ];
     envs.extend(target.security.iter().map(|(k, v)| (k.to_string(), v.clone())));
@@ -329,8 +341,7 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     };
     run(cargo_in_root().args(["fmt", "--all", "--check"]))?;
     run(cargo_in_root().args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]))?;
-    tidy_dependencies()?;
-    tidy_layers()?;
+    tidy()?;
     let deny = crate::paths::cargo_install_cached(
         "cargo-deny",
         CARGO_DENY_VERSION,
@@ -345,6 +356,14 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     integration(BrokerChoice::All, &[])?;
     eprintln!("ci: all checks passed");
     Ok(())
+}
+
+/// The rules between crates: pure Rust, the layers, names.
+pub(crate) fn tidy() -> anyhow::Result<()> {
+    tidy_dependencies()?;
+    tidy_ladder_names()?;
+    tidy_transport_free()?;
+    tidy_layers()
 }
 
 /// Checks the Prometheus alert rules and runs their unit tests with promtool.
@@ -391,6 +410,123 @@ fn tidy_layers() -> anyhow::Result<()> {
         bail!("only crates/retry-kafka/src/protocol/ may name kafka_protocol; these do:\n  {}", offenders.join("\n  "));
     }
     eprintln!("tidy: only retry-kafka's protocol/ names kafka_protocol");
+    Ok(())
+}
+
+/// What retry-core may depend on: a buffer type, an error derive, and what
+/// the derive is built with. Anything else (a runtime, a clock, a client)
+/// would break its promise of no I/O.
+const CORE_DEPENDENCIES: &[&str] =
+    &["retry-core", "bytes", "thiserror", "thiserror-impl", "proc-macro2", "quote", "syn", "unicode-ident"];
+
+/// Crates whose code is a service's domain: they implement retry-core's
+/// handler contract and must build without the Kafka transport.
+const TRANSPORT_FREE_CRATES: &[&str] = &["billing", "stock"];
+
+/// What a transport-free crate must not pull in: the Kafka transport and
+/// what only the transport needs.
+const TRANSPORT_CRATES: &[&str] =
+    &["retry-kafka", "rskafka", "kafka-protocol", "prometheus-client", "rsasl", "lz4_flex", "ruzstd"];
+
+/// tokio features an HTTP client never needs; a domain crate that has them
+/// brought a runtime of its own.
+const RUNTIME_FEATURES: &[&str] = &["rt-multi-thread", "macros", "signal", "process"];
+
+/// The crates of `krate`'s normal and build dependency graph, by name.
+fn dependency_names(krate: &str) -> anyhow::Result<Vec<String>> {
+    let out = Command::new(cargo())
+        .current_dir(workspace_root())
+        .args(["tree", "--edges", "normal,build", "--prefix", "none", "--format", "{p}", "--package", krate])
+        .output()
+        .context("cannot run cargo tree")?;
+    if !out.status.success() {
+        bail!("cargo tree -p {krate} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut names: Vec<String> =
+        String::from_utf8(out.stdout)?.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// retry-core depends on nothing that could do I/O; the domain crates on
+/// retry-core, never on the transport, and on no runtime of their own.
+fn tidy_transport_free() -> anyhow::Result<()> {
+    let mut offenders = Vec::new();
+    for name in dependency_names("retry-core")? {
+        if !CORE_DEPENDENCIES.contains(&name.as_str()) {
+            offenders.push(format!("retry-core depends on {name}, which it must not (it does no I/O)"));
+        }
+    }
+    for krate in TRANSPORT_FREE_CRATES {
+        for name in dependency_names(krate)? {
+            if TRANSPORT_CRATES.contains(&name.as_str()) {
+                offenders.push(format!("{krate} depends on {name}: a domain crate needs retry-core only"));
+            }
+        }
+        let features = Command::new(cargo())
+            .current_dir(workspace_root())
+            .args(["tree", "--edges", "features,normal", "--prefix", "none", "--package", krate, "--invert", "tokio"])
+            .output()
+            .context("cannot run cargo tree")?;
+        // A crate without tokio in its graph at all has nothing to check.
+        for line in String::from_utf8_lossy(&features.stdout).lines() {
+            for feature in RUNTIME_FEATURES {
+                if line.contains(&format!("tokio feature \"{feature}\"")) {
+                    offenders.push(format!(
+                        "{krate} enables tokio's {feature}: a domain crate runs on its service's runtime"
+                    ));
+                }
+            }
+        }
+    }
+    if !offenders.is_empty() {
+        offenders.sort();
+        offenders.dedup();
+        bail!("dependencies across the layers:\n  {}", offenders.join("\n  "));
+    }
+    eprintln!("tidy: retry-core does no I/O; {} build without the Kafka transport", TRANSPORT_FREE_CRATES.join(", "));
+    Ok(())
+}
+
+/// Ladder names are retry-core's: no other code formats one, so a change
+/// of naming rule cannot leave a stale copy behind.
+fn tidy_ladder_names() -> anyhow::Result<()> {
+    let root = workspace_root();
+    let core = root.join("crates").join("retry-core");
+    let mut offenders = Vec::new();
+    let mut stack: Vec<_> =
+        ["crates", "examples", "tests", "xtask"].iter().map(|d| root.join(d)).filter(|d| d.is_dir()).collect();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                if path != core && !path.ends_with("target") {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path)?;
+            for (n, line) in text.lines().enumerate() {
+                let formats = line.contains("format!(") || line.contains("write!(") || line.contains("push_str(");
+                let names = [".retry-{", "}.retry-", "}.dlq\"", ".dlq-operators", ".replay-lock"];
+                if formats && names.iter().any(|name| line.contains(name)) {
+                    let shown = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
+                    offenders.push(format!("{shown}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    if !offenders.is_empty() {
+        bail!(
+            "ladder and group names are retry-core's (RetryTopology, LadderGroups); these lines format one:\n  {}",
+            offenders.join("\n  ")
+        );
+    }
+    eprintln!("tidy: only retry-core formats ladder and group names");
     Ok(())
 }
 

@@ -49,6 +49,8 @@ enum Command {
     /// The billing service end to end: billing-bin against a broker and a
     /// faulty fake provider, accounting for every event.
     Demo(demo::DemoArgs),
+    /// The rules about dependencies and names between the crates (a part of `ci`).
+    Tidy,
     /// Everything CI checks: formatting, lints, unit tests, docs, dependency
     /// rules and the integration tests.
     Ci,
@@ -64,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Integration { broker, test_args } => ci::integration(broker, &test_args),
         Command::Bench(args) => bench::bench(&args),
         Command::Demo(args) => demo::demo(&args),
+        Command::Tidy => ci::tidy(),
         Command::Ci => ci::ci(),
     };
     match result {

@@ -4,7 +4,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use retry_core::RetrySchedule;
-use retry_kafka::{ConnectionConfig, SaslCredentials, Secret, Security, SecurityProtocol, TlsFile, TlsSettings};
+use retry_kafka::{ConnectionConfig, ConnectionSettings, Secret};
 
 use crate::Failure;
 
@@ -190,108 +190,23 @@ pub(crate) struct KafkaArgs {
 
 impl KafkaArgs {
     pub(crate) fn connection(&self) -> Result<ConnectionConfig, Failure> {
-        let mut c = ConnectionConfig::new(&self.brokers, "billing-bin").map_err(|e| Failure::Config(e.to_string()))?;
-        c.request_timeout = KAFKA_REQUEST_TIMEOUT;
-        c.security = self.security()?;
-        Ok(c)
-    }
-
-    /// The security settings, checked to fit together; each problem names
-    /// the setting, never a secret.
-    fn security(&self) -> Result<Security, Failure> {
-        let protocol: SecurityProtocol =
-            self.security_protocol.parse().map_err(|e| Failure::Config(format!("KAFKA_SECURITY_PROTOCOL: {e}")))?;
-        let tls = self.tls()?;
-        let sasl = self.sasl()?;
-        let security = Security::new(protocol, sasl, tls).map_err(|e| match e {
-            retry_kafka::Error::TlsFile { file, .. } => {
-                let setting = match file {
-                    TlsFile::Ca => "KAFKA_SSL_CA_LOCATION",
-                    TlsFile::Certificate => "KAFKA_SSL_CERTIFICATE_LOCATION",
-                    TlsFile::Key => "KAFKA_SSL_KEY_LOCATION",
-                };
-                Failure::Config(format!("{setting}: {e}"))
-            }
-            other => Failure::Config(format!("KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_* and KAFKA_SSL_*: {other}")),
-        })?;
-        if security.tls().is_some_and(|t| !t.verify_hostname) {
-            tracing::warn!(
-                "KAFKA_SSL_ENDPOINT_IDENTIFICATION=none: broker certificates are not checked against host names; \
-                 anyone holding a certificate from a trusted CA can pose as a broker"
-            );
-        }
-        Ok(security)
-    }
-
-    /// The TLS settings; a certificate without its key (or the reverse) is refused here, by name.
-    fn tls(&self) -> Result<TlsSettings, Failure> {
-        let verify_hostname = match self.ssl_endpoint_identification.trim().to_ascii_lowercase().as_str() {
-            "https" => true,
-            "none" => false,
-            other => {
-                return Err(Failure::Config(format!(
-                    "KAFKA_SSL_ENDPOINT_IDENTIFICATION is {other:?}: expected https (check host names) or none"
-                )))
-            }
+        let settings = ConnectionSettings {
+            brokers: Some(self.brokers.clone()),
+            security_protocol: Some(self.security_protocol.clone()),
+            sasl_mechanism: self.sasl_mechanism.clone(),
+            sasl_username: self.sasl_username.clone(),
+            sasl_password: self.sasl_password.clone().map(Secret::new),
+            sasl_password_file: self.sasl_password_file.clone(),
+            ssl_ca_location: self.ssl_ca_location.clone(),
+            ssl_certificate_location: self.ssl_certificate_location.clone(),
+            ssl_key_location: self.ssl_key_location.clone(),
+            ssl_endpoint_identification: Some(self.ssl_endpoint_identification.clone()),
         };
-        match (&self.ssl_certificate_location, &self.ssl_key_location) {
-            (Some(_), None) => {
-                return Err(Failure::Config(
-                    "KAFKA_SSL_KEY_LOCATION is required with KAFKA_SSL_CERTIFICATE_LOCATION".into(),
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(Failure::Config(
-                    "KAFKA_SSL_CERTIFICATE_LOCATION is required with KAFKA_SSL_KEY_LOCATION".into(),
-                ))
-            }
-            _ => {}
-        }
-        Ok(TlsSettings {
-            ca_location: self.ssl_ca_location.clone(),
-            certificate_location: self.ssl_certificate_location.clone(),
-            key_location: self.ssl_key_location.clone(),
-            verify_hostname,
-        })
-    }
-
-    /// The SASL credentials, if any setting of them is given.
-    fn sasl(&self) -> Result<Option<SaslCredentials>, Failure> {
-        let config = |e: retry_kafka::Error| Failure::Config(format!("KAFKA_SASL_MECHANISM: {e}"));
-        let given = self.sasl_mechanism.is_some()
-            || self.sasl_username.is_some()
-            || self.sasl_password.is_some()
-            || self.sasl_password_file.is_some();
-        if !given {
-            return Ok(None);
-        }
-        let mechanism = self
-            .sasl_mechanism
-            .as_deref()
-            .ok_or_else(|| Failure::Config("KAFKA_SASL_MECHANISM is required with SASL credentials".into()))?
-            .parse()
-            .map_err(config)?;
-        let username = self
-            .sasl_username
-            .clone()
-            .ok_or_else(|| Failure::Config("KAFKA_SASL_USERNAME is required with a SASL mechanism".into()))?;
-        let password = match (&self.sasl_password, &self.sasl_password_file) {
-            (Some(_), Some(_)) => {
-                return Err(Failure::Config("give KAFKA_SASL_PASSWORD or KAFKA_SASL_PASSWORD_FILE, not both".into()))
-            }
-            (Some(p), None) => p.clone(),
-            (None, Some(path)) => {
-                std::fs::read_to_string(path).map(|p| p.trim_end_matches(['\r', '\n']).to_owned()).map_err(|e| {
-                    Failure::Config(format!("KAFKA_SASL_PASSWORD_FILE {} cannot be read: {e}", path.display()))
-                })?
-            }
-            (None, None) => {
-                return Err(Failure::Config(
-                    "KAFKA_SASL_PASSWORD or KAFKA_SASL_PASSWORD_FILE is required with a SASL mechanism".into(),
-                ))
-            }
+        let config = |e: retry_kafka::Error| match e {
+            retry_kafka::Error::Config(problem) => Failure::Config(problem),
+            other => Failure::Config(other.to_string()),
         };
-        Ok(Some(SaslCredentials { mechanism, username, password: Secret::new(password) }))
+        settings.connection("billing-bin").and_then(|c| c.with_request_timeout(KAFKA_REQUEST_TIMEOUT)).map_err(config)
     }
 }
 

@@ -24,7 +24,7 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use retry_core::{RetryPolicy, RetryTopology};
-use retry_kafka::{Created, Error as KafkaError, Listener, TopicPlan};
+use retry_kafka::{Created, CreatedTopic, Error as KafkaError, Listener, TopicPlan};
 use tracing::{error, info};
 
 use crate::config::{Cli, Command, KafkaArgs, RunArgs, TopicArgs, TopicsAction};
@@ -172,7 +172,7 @@ async fn create_topics(kafka: &KafkaArgs, args: &TopicArgs) -> Result<(), Failur
         )),
         other => Failure::from(other),
     })?;
-    for (topic, created) in outcome {
+    for CreatedTopic { topic, created } in outcome {
         match created {
             Created::Created => println!("created {topic}"),
             Created::AlreadyExists => println!("exists  {topic}"),

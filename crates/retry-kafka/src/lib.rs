@@ -59,40 +59,93 @@ pub use admin::{
         ReplayReport, ReplayRequest, SkippedRecord, MAX_SKIPPED_SHOWN,
     },
     offsets::GroupOffsets,
-    topics::{Created, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec},
+    topics::{Created, CreatedTopic, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec},
 };
 pub use consumer::listener::{Listener, ListenerConfig, OffsetReset, Readiness};
 pub use error::{Error, Result};
-pub use protocol::{group::TopicPartition, ResponseError};
+pub use protocol::ResponseError;
 /// The handler contract, defined in [`retry_core`] so that a service's
 /// domain code needs no transport.
 #[doc(no_inline)]
 pub use retry_core::{ConsumedRecord, RecordHandler};
-pub use security::{SaslCredentials, SaslMechanism, Secret, Security, SecurityProtocol, TlsFile, TlsSettings};
+pub use security::{
+    ConnectionSettings, SaslCredentials, SaslMechanism, Secret, Security, SecurityProtocol, TlsFile, TlsSettings,
+};
 pub use stats::{ListenerStats, StatsSnapshot};
 
-/// How to reach the cluster.
+/// A partition of a topic.
+///
+/// ```
+/// use retry_kafka::TopicPartition;
+///
+/// let tp = TopicPartition::new("orders.confirmed", 2);
+/// assert_eq!(tp.to_string(), "orders.confirmed[2]");
+/// assert!(tp < TopicPartition::new("orders.confirmed", 10));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TopicPartition {
+    /// The topic's name.
+    pub topic: String,
+    /// The partition's index.
+    pub partition: i32,
+}
+
+impl TopicPartition {
+    /// Partition `partition` of `topic`.
+    pub fn new(topic: impl Into<String>, partition: i32) -> Self {
+        TopicPartition { topic: topic.into(), partition }
+    }
+}
+
+impl std::fmt::Display for TopicPartition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.topic, self.partition)
+    }
+}
+
+/// How to reach the cluster: built by [`ConnectionConfig::new`] (or
+/// [`ConnectionSettings::connection`]), which check what they are given.
 #[derive(Debug, Clone)]
 pub struct ConnectionConfig {
     /// `host:port` of one or more brokers (never empty).
-    pub bootstrap: Vec<String>,
+    pub(crate) bootstrap: Vec<String>,
     /// The client id brokers see in their logs and quotas.
-    pub client_id: String,
+    pub(crate) client_id: String,
     /// How long any single request may take before the connection is
     /// considered broken (JoinGroup and SyncGroup also get the rebalance timeout).
-    pub request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     /// How every connection authenticates (PLAINTEXT by default).
-    pub security: Security,
+    pub(crate) security: Security,
 }
 
 impl ConnectionConfig {
     /// A config for `bootstrap` (comma-separated `host:port` list) with a
-    /// 30 s request timeout; fails when the list is empty.
+    /// 30 s request timeout; fails when the list is empty or an entry is
+    /// not `host:port`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use retry_kafka::ConnectionConfig;
+    ///
+    /// let c = ConnectionConfig::new("kafka-1:9092, kafka-2:9092", "billing")
+    ///     .unwrap()
+    ///     .with_request_timeout(Duration::from_secs(10))
+    ///     .unwrap();
+    /// assert_eq!(c.bootstrap(), ["kafka-1:9092", "kafka-2:9092"]);
+    /// assert!(ConnectionConfig::new(" , ", "billing").is_err());
+    /// assert!(ConnectionConfig::new("kafka-1", "billing").is_err());
+    /// ```
     pub fn new(bootstrap: &str, client_id: &str) -> Result<Self> {
         let bootstrap: Vec<String> =
             bootstrap.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
         if bootstrap.is_empty() {
             return Err(Error::Config("no bootstrap broker given (expected host:port[,host:port...])".into()));
+        }
+        for broker in &bootstrap {
+            let port = broker.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+            if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
+                return Err(Error::Config(format!("bootstrap broker {broker:?} is not host:port")));
+            }
         }
         Ok(ConnectionConfig {
             bootstrap,
@@ -100,5 +153,41 @@ impl ConnectionConfig {
             request_timeout: Duration::from_secs(30),
             security: Security::default(),
         })
+    }
+
+    /// The same with another request timeout; fails when it is zero.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self> {
+        if timeout.is_zero() {
+            return Err(Error::Config("the request timeout must be positive".into()));
+        }
+        self.request_timeout = timeout;
+        Ok(self)
+    }
+
+    /// The same with other security settings (checked when they were built).
+    pub fn with_security(mut self, security: Security) -> Self {
+        self.security = security;
+        self
+    }
+
+    /// The bootstrap brokers, `host:port` each.
+    pub fn bootstrap(&self) -> &[String] {
+        &self.bootstrap
+    }
+
+    /// The client id brokers see in their logs and quotas.
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// How long any single request may take before the connection is
+    /// considered broken (JoinGroup and SyncGroup also get the rebalance timeout).
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// How every connection authenticates.
+    pub fn security(&self) -> &Security {
+        &self.security
     }
 }

@@ -23,7 +23,7 @@ use crate::{
     protocol::group::GroupClient,
     publisher::Outgoing,
     publisher::Publisher,
-    ConnectionConfig, Error, Result,
+    ConnectionConfig, Error, Result, TopicPartition,
 };
 
 /// One partition of the dead-letter topic.
@@ -280,7 +280,7 @@ impl DeadLetterAdmin {
         }
         let current = self.position(operators, partition, earliest).await?;
         self.commit_position(operators, partition, earliest, &current).await?;
-        let tp = (self.topic().to_owned(), partition);
+        let tp = TopicPartition::new(self.topic(), partition);
         let read = operators.committed_with_metadata(std::slice::from_ref(&tp)).await?;
         let kept = read.get(&tp).and_then(|(_, metadata)| metadata.as_deref()).is_some_and(|m| !m.is_empty());
         if !kept {
@@ -321,7 +321,7 @@ impl DeadLetterAdmin {
             .map(|t| t.partitions.into_iter().collect())
             .unwrap_or_default();
         partitions.sort_unstable();
-        let tps: Vec<(String, i32)> = partitions.iter().map(|p| (topic.clone(), *p)).collect();
+        let tps: Vec<TopicPartition> = partitions.iter().map(|p| TopicPartition::new(topic.clone(), *p)).collect();
         let committed = self.operators.lock().await.committed_with_metadata(&tps).await?;
         let mut out = Vec::new();
         for p in partitions {
@@ -332,7 +332,7 @@ impl DeadLetterAdmin {
                 async move { self.offsets(pc, at, topic).await }
             };
             let (earliest, end) = (offset(OffsetAt::Earliest).await?, offset(OffsetAt::Latest).await?);
-            let (offset, metadata) = committed.get(&(topic.clone(), p)).cloned().unwrap_or_default();
+            let (offset, metadata) = committed.get(&TopicPartition::new(topic.clone(), p)).cloned().unwrap_or_default();
             let position = OperatorsPosition::new(offset, metadata.as_deref(), earliest);
             let backlog = (end - position.next()).max(0) - position.handled_above(end) as i64;
             out.push(PartitionStatus {
@@ -430,7 +430,7 @@ impl DeadLetterAdmin {
 
     /// The operators' position on `partition`, as committed.
     async fn position(&self, operators: &mut GroupClient, partition: i32, earliest: i64) -> Result<OperatorsPosition> {
-        let tp = (self.topic().to_owned(), partition);
+        let tp = TopicPartition::new(self.topic(), partition);
         let committed = operators.committed_with_metadata(std::slice::from_ref(&tp)).await?;
         let (offset, metadata) = committed.get(&tp).cloned().unwrap_or_default();
         Ok(OperatorsPosition::new(offset, metadata.as_deref(), earliest))
@@ -451,7 +451,8 @@ impl DeadLetterAdmin {
             return Err(Error::ReplayLockLost { group: self.lock_group.clone() });
         }
         let merged = position.merge(&self.position(operators, partition, earliest).await?);
-        let commit = BTreeMap::from([((self.topic().to_owned(), partition), (merged.next(), Some(merged.metadata())))]);
+        let commit =
+            BTreeMap::from([(TopicPartition::new(self.topic(), partition), (merged.next(), Some(merged.metadata())))]);
         operators.commit_with_metadata(-1, "", &commit).await?;
         Ok(merged)
     }

@@ -1,7 +1,7 @@
 //! The ladder's topics: created explicitly, verified at start-up, never
 //! auto-created.
 
-use std::{fmt, time::Duration};
+use std::{collections::BTreeMap, fmt, time::Duration};
 
 use retry_core::RetryTopology;
 
@@ -30,11 +30,20 @@ pub struct TopicSpec {
     /// Its replication factor.
     pub replication_factor: i16,
     /// Topic configs, e.g. `retention.ms`.
-    pub configs: Vec<(String, String)>,
+    pub configs: BTreeMap<String, String>,
 }
 
 /// What [`TopicPlan::create`] did for one topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedTopic {
+    /// The topic.
+    pub topic: String,
+    /// Whether it was created or existed already.
+    pub created: Created,
+}
+
+/// Whether [`TopicPlan::create`] created a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Created {
     /// The topic was created.
     Created,
@@ -78,7 +87,7 @@ impl TopicPlan {
 
     /// The topics, source first, with their settings.
     pub fn specs(&self) -> Vec<TopicSpec> {
-        let retention = |d: Duration| vec![("retention.ms".to_owned(), d.as_millis().to_string())];
+        let retention = |d: Duration| BTreeMap::from([("retention.ms".to_owned(), d.as_millis().to_string())]);
         let spec = |name: &str, role, configs| TopicSpec {
             name: name.to_owned(),
             role,
@@ -86,7 +95,7 @@ impl TopicPlan {
             replication_factor: self.replication_factor,
             configs,
         };
-        let mut specs = vec![spec(self.topology.source_topic().as_str(), TopicRole::Source, vec![])];
+        let mut specs = vec![spec(self.topology.source_topic().as_str(), TopicRole::Source, BTreeMap::new())];
         for (_, topic) in self.topology.retry_topics() {
             specs.push(spec(topic.as_str(), TopicRole::Retry, retention(self.retry_retention)));
         }
@@ -101,7 +110,7 @@ impl TopicPlan {
     /// Creates every topic that does not exist yet (the source too when
     /// `include_source`). Idempotent: a topic that exists with enough
     /// partitions is fine; one with too few is reported, never altered.
-    pub async fn create(&self, config: &ConnectionConfig, include_source: bool) -> Result<Vec<(String, Created)>> {
+    pub async fn create(&self, config: &ConnectionConfig, include_source: bool) -> Result<Vec<CreatedTopic>> {
         let specs: Vec<TopicSpec> =
             self.specs().into_iter().filter(|s| include_source || s.role != TopicRole::Source).collect();
         let outcome = create_topics(config, &specs).await?;

@@ -165,7 +165,7 @@ mod tests {
     use super::*;
 
     fn tp() -> TopicPartition {
-        ("t".to_owned(), 0)
+        TopicPartition::new("t", 0)
     }
 
     #[test]

@@ -345,7 +345,8 @@ impl<H: RecordHandler> Member<H> {
         );
         let signals = StopSignals { stop: CancellationToken::new(), abandon: CancellationToken::new() };
         let mut workers = JoinSet::new();
-        let tps: Vec<TopicPartition> = generation.partitions.iter().map(|p| (self.topic.clone(), *p)).collect();
+        let tps: Vec<TopicPartition> =
+            generation.partitions.iter().map(|p| TopicPartition::new(self.topic.clone(), *p)).collect();
         let mut end = None;
         if !tps.is_empty() {
             let committed = tokio::select! {
@@ -359,7 +360,7 @@ impl<H: RecordHandler> Member<H> {
                         let finished_here = progress.lock().expect("not poisoned").get(&tp).copied();
                         let start = position::resume_at(committed, finished_here);
                         if start != committed {
-                            tracing::info!(group = %self.group_id, topic = %tp.0, partition = tp.1, ?committed, ?start, "resuming after records this member finished but could not commit");
+                            tracing::info!(group = %self.group_id, topic = %tp.topic, partition = tp.partition, ?committed, ?start, "resuming after records this member finished but could not commit");
                             if let Some(start) = start {
                                 committer.tracker.done(&tp, start);
                             }
@@ -367,7 +368,7 @@ impl<H: RecordHandler> Member<H> {
                         let worker = Worker {
                             shared: self.shared.clone(),
                             stage: self.stage,
-                            metrics: self.shared.metrics.for_topic(&tp.0),
+                            metrics: self.shared.metrics.for_topic(&tp.topic),
                             tp,
                             tracker: committer.tracker.clone(),
                             signals: signals.clone(),

@@ -85,7 +85,7 @@ struct Stall {
 impl Stall {
     fn new<H>(shared: &Shared<H>, tp: &TopicPartition) -> Stall {
         shared.stalled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        shared.metrics.stalled(&tp.0, tp.1, true);
+        shared.metrics.stalled(&tp.topic, tp.partition, true);
         Stall { stalled: shared.stalled.clone(), metrics: shared.metrics.clone(), tp: tp.clone() }
     }
 }
@@ -93,7 +93,7 @@ impl Stall {
 impl Drop for Stall {
     fn drop(&mut self) {
         self.stalled.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        self.metrics.stalled(&self.tp.0, self.tp.1, false);
+        self.metrics.stalled(&self.tp.topic, self.tp.partition, false);
     }
 }
 
@@ -215,7 +215,7 @@ impl<H: RecordHandler> Worker<H> {
 
     /// Fetches and hands records to the in-flight window until stopped.
     async fn consume<'a>(&'a self, in_flight: &mut InFlight<'a>, committed: Option<i64>) {
-        let (topic, partition) = self.tp.clone();
+        let TopicPartition { topic, partition } = self.tp.clone();
         let Some(mut client) = self.connect().await else { return };
         let mut offset = match committed {
             Some(offset) => offset,
@@ -446,7 +446,7 @@ impl<H: RecordHandler> Worker<H> {
         if self.signals.stop.is_cancelled() || in_flight.ending {
             return;
         }
-        let (topic, partition) = &self.tp;
+        let TopicPartition { topic, partition } = &self.tp;
         for offset in in_flight.window.start_ready() {
             let record = in_flight.admitted.remove(&offset).expect("a started record was admitted");
             let key = record.key.as_deref().map(|k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
@@ -575,7 +575,7 @@ impl<H: RecordHandler> Worker<H> {
     /// when it lies outside (see [`position`]). The position to go on from;
     /// `None` when stopped.
     async fn check_position(&self, client: &mut PartitionClient, offset: i64, doubt: Doubt) -> Option<i64> {
-        let (topic, partition) = &self.tp;
+        let TopicPartition { topic, partition } = &self.tp;
         let log_start = self.offset_at(client, OffsetReset::Earliest).await?;
         let log_end = self.offset_at(client, OffsetReset::Latest).await?;
         let verdict = position::judge(offset, log_start, log_end);
@@ -601,7 +601,7 @@ impl<H: RecordHandler> Worker<H> {
     /// The partition's earliest or latest offset, retried until it comes
     /// (on a new connection after one that did not answer); `None` when stopped.
     async fn offset_at(&self, client: &mut PartitionClient, at: OffsetReset) -> Option<i64> {
-        let (topic, partition) = &self.tp;
+        let TopicPartition { topic, partition } = &self.tp;
         let at = match at {
             OffsetReset::Earliest => OffsetAt::Earliest,
             OffsetReset::Latest => OffsetAt::Latest,
@@ -628,7 +628,7 @@ impl<H: RecordHandler> Worker<H> {
     /// A client of the partition on a new connection to its leader, retried
     /// until it comes; `None` when stopped.
     async fn connect(&self) -> Option<PartitionClient> {
-        let (topic, partition) = &self.tp;
+        let TopicPartition { topic, partition } = &self.tp;
         let mut backoff = pauses(Duration::from_millis(200), Duration::from_secs(5));
         loop {
             let connect = self.shared.cluster.partition_client(topic, *partition, UnknownTopicHandling::Retry);
@@ -650,7 +650,7 @@ impl<H: RecordHandler> Worker<H> {
     /// Handles one record: waits until it is due (on retry rungs), runs the
     /// handler, and says what to do with the outcome.
     async fn process(&self, record: Fetched) -> Processed {
-        let (topic, partition) = &self.tp;
+        let TopicPartition { topic, partition } = &self.tp;
         let shared = &self.shared;
         let policy = &shared.config.policy();
         let Fetched { offset, key, value, headers, timestamp, null_headers } = record;

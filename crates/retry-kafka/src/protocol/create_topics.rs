@@ -10,13 +10,13 @@ use kafka_protocol::{
 
 use super::wire::{str_bytes, Connection};
 use crate::{
-    admin::topics::{Created, TopicSpec},
+    admin::topics::{Created, CreatedTopic, TopicSpec},
     ConnectionConfig, Error, Result,
 };
 
 /// Asks the first bootstrap broker to create `specs`; a topic that exists
 /// already is reported as such, any other refusal is an error naming it.
-pub(crate) async fn create_topics(config: &ConnectionConfig, specs: &[TopicSpec]) -> Result<Vec<(String, Created)>> {
+pub(crate) async fn create_topics(config: &ConnectionConfig, specs: &[TopicSpec]) -> Result<Vec<CreatedTopic>> {
     let addr = config.bootstrap.first().expect("bootstrap brokers are never empty");
     let mut conn = Connection::connect(addr, config).await?;
     let request = CreateTopicsRequest::default()
@@ -47,8 +47,10 @@ pub(crate) async fn create_topics(config: &ConnectionConfig, specs: &[TopicSpec]
     for result in &response.topics {
         let name = result.name.0.to_string();
         match ResponseError::try_from_code(result.error_code) {
-            None => outcome.push((name, Created::Created)),
-            Some(ResponseError::TopicAlreadyExists) => outcome.push((name, Created::AlreadyExists)),
+            None => outcome.push(CreatedTopic { topic: name, created: Created::Created }),
+            Some(ResponseError::TopicAlreadyExists) => {
+                outcome.push(CreatedTopic { topic: name, created: Created::AlreadyExists })
+            }
             Some(error) => {
                 let message = result.error_message.as_ref().map(|m| format!(" ({m})")).unwrap_or_default();
                 return Err(Error::Broker {

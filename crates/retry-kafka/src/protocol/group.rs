@@ -24,11 +24,8 @@ use kafka_protocol::{
 use crate::{
     protocol::assignor::{self, Assignment},
     protocol::wire::{check, str_bytes, Connection},
-    ConnectionConfig, Error, Result,
+    ConnectionConfig, Error, Result, TopicPartition,
 };
-
-/// A topic-partition.
-pub type TopicPartition = (String, i32);
 
 /// What JoinGroup told us.
 #[derive(Debug, Clone)]
@@ -386,7 +383,7 @@ impl GroupClient {
         offsets: &BTreeMap<TopicPartition, (i64, Option<String>)>,
     ) -> Result<()> {
         let mut topics: BTreeMap<&str, Vec<OffsetCommitRequestPartition>> = BTreeMap::new();
-        for ((topic, partition), (offset, metadata)) in offsets {
+        for (TopicPartition { topic, partition }, (offset, metadata)) in offsets {
             topics.entry(topic).or_default().push(
                 OffsetCommitRequestPartition::default()
                     .with_partition_index(*partition)
@@ -435,7 +432,7 @@ impl GroupClient {
         partitions: &[TopicPartition],
     ) -> Result<BTreeMap<TopicPartition, (Option<i64>, Option<String>)>> {
         let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
-        for (topic, partition) in partitions {
+        for TopicPartition { topic, partition } in partitions {
             topics.entry(topic).or_default().push(*partition);
         }
         let request =
@@ -462,7 +459,7 @@ impl GroupClient {
                 self.observe(result)?;
                 let offset = (p.committed_offset >= 0).then_some(p.committed_offset);
                 let metadata = p.metadata.as_ref().map(|m| m.to_string());
-                out.insert((topic.name.0.to_string(), p.partition_index), (offset, metadata));
+                out.insert(TopicPartition::new(topic.name.0.to_string(), p.partition_index), (offset, metadata));
             }
         }
         Ok(out)

@@ -7,10 +7,12 @@
 //! `Display` print a placeholder, and errors name the user and the
 //! mechanism, never the password.
 
+pub(crate) mod settings;
 pub(crate) mod tls;
 
 use std::{fmt, str::FromStr, sync::Arc};
 
+pub use settings::ConnectionSettings;
 pub use tls::{TlsFile, TlsSettings};
 
 use crate::{Error, Result};
