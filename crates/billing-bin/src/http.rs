@@ -43,6 +43,8 @@ pub(crate) struct Server {
     addr: SocketAddr,
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
+    connections: Arc<Semaphore>,
+    max_connections: usize,
 }
 
 impl Server {
@@ -51,8 +53,14 @@ impl Server {
         self.addr
     }
 
+    /// How many connections it serves now.
+    pub(crate) fn open_connections(&self) -> usize {
+        self.max_connections - self.connections.available_permits()
+    }
+
     /// Stops accepting and finishes requests under way, within a few seconds.
     pub(crate) async fn stop(self) {
+        tracing::debug!(addr = %self.addr, open = self.open_connections(), "stopping the listener");
         let _ = self.stop.send(());
         let _ = self.task.await;
     }
@@ -68,42 +76,53 @@ pub(crate) async fn serve(setting: &str, addr: SocketAddr, app: Router, limits: 
     let app = app.layer(middleware::from_fn_with_state(limits.request_timeout, deadline));
     let (stop, mut stopped) = oneshot::channel::<()>();
     let setting = setting.to_owned();
-    let task = tokio::spawn(async move {
-        let connections = Arc::new(Semaphore::new(limits.max_connections));
-        let graceful = GracefulShutdown::new();
-        loop {
-            let (stream, peer) = tokio::select! {
-                _ = &mut stopped => break,
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of file descriptors, most likely: let some close.
-                        tracing::warn!(listener = %setting, error = %e, "cannot accept a connection");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
-            let Ok(permit) = connections.clone().try_acquire_owned() else {
-                tracing::debug!(listener = %setting, %peer, "connection refused: too many open");
-                drop(stream);
-                continue;
-            };
-            let service = TowerToHyperService::new(app.clone().layer(Extension(ConnectInfo(peer))));
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            let connection = graceful.watch(connection);
-            tokio::spawn(async move {
-                let _ = connection.await;
-                drop(permit);
-            });
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let task = tokio::spawn({
+        let connections = connections.clone();
+        async move {
+            let graceful = GracefulShutdown::new();
+            // One listener, nothing to spread out: no jitter.
+            let pauses = retry_core::BackoffConfig::new(Duration::from_millis(10), Duration::from_secs(1))
+                .and_then(|c| c.with_jitter(0.0))
+                .expect("valid pauses");
+            let mut pauses = pauses.pauses(|| 0.0);
+            loop {
+                let (stream, peer) = tokio::select! {
+                    _ = &mut stopped => break,
+                    accepted = listener.accept() => match accepted {
+                        Ok(accepted) => {
+                            pauses.reset();
+                            accepted
+                        }
+                        Err(e) => {
+                            // Out of file descriptors, most likely: let some close.
+                            tracing::warn!(listener = %setting, error = %e, "cannot accept a connection");
+                            tokio::time::sleep(pauses.next().expect("the pauses never end")).await;
+                            continue;
+                        }
+                    },
+                };
+                let Ok(permit) = connections.clone().try_acquire_owned() else {
+                    tracing::debug!(listener = %setting, %peer, "connection refused: too many open");
+                    drop(stream);
+                    continue;
+                };
+                let service = TowerToHyperService::new(app.clone().layer(Extension(ConnectInfo(peer))));
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(limits.header_read_timeout)
+                    .serve_connection(TokioIo::new(stream), service);
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                    drop(permit);
+                });
+            }
+            drop(listener);
+            let _ = tokio::time::timeout(STOP_GRACE, graceful.shutdown()).await;
         }
-        drop(listener);
-        let _ = tokio::time::timeout(STOP_GRACE, graceful.shutdown()).await;
     });
-    Ok(Server { addr, stop, task })
+    Ok(Server { addr, stop, task, connections, max_connections: limits.max_connections })
 }
 
 /// Ends a request that takes longer than the limit with 503.
@@ -163,8 +182,10 @@ mod tests {
             stream.write_all(b"GET / HTTP/1.1\r\nHost: slow\r\n").await.unwrap();
             slow.push(stream);
         }
-        // Let the server accept them all before the next one arrives.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The server accepted them all before the next one arrives.
+        while server.open_connections() < limits.max_connections {
+            tokio::task::yield_now().await;
+        }
         let started = Instant::now();
         let mut extra = TcpStream::connect(addr).await.unwrap();
         let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: extra\r\n\r\n").await;

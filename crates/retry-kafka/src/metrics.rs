@@ -1,5 +1,8 @@
 //! Prometheus metrics of a listener. Names and labels are part of the API:
 //! dashboards and the alert rules in `docker/prometheus/alerts.yml` use them.
+//! Each event is reported once, here: the methods below count it in the
+//! Prometheus family and in the [`ListenerStats`] a program reads, so the
+//! two never disagree.
 //!
 //! | metric | labels | meaning |
 //! | --- | --- | --- |
@@ -25,6 +28,13 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
+use std::sync::{
+    atomic::{AtomicU64, Ordering::Relaxed},
+    Arc,
+};
+
+use crate::ListenerStats;
+
 type Labels = Vec<(&'static str, String)>;
 
 /// Every metric of one listener; cheap to clone (the families are shared).
@@ -39,6 +49,7 @@ pub(crate) struct Metrics {
     consumer_lag: Family<Labels, Gauge>,
     dlq_backlog: Family<Labels, Gauge>,
     stalled: Family<Labels, Gauge>,
+    stats: Arc<ListenerStats>,
 }
 
 fn handler_buckets() -> Histogram {
@@ -52,17 +63,19 @@ pub(crate) struct TopicMetrics {
     retry: Counter,
     dead_letter: Counter,
     handler_duration: Histogram,
+    stats: Arc<ListenerStats>,
 }
 
 impl TopicMetrics {
     pub(crate) fn record_done(&self, outcome: Outcome, n: u64) {
-        let counter = match outcome {
-            Outcome::Success => &self.success,
-            Outcome::Retry => &self.retry,
-            Outcome::DeadLetter => &self.dead_letter,
+        let (counter, stat) = match outcome {
+            Outcome::Success => (&self.success, &self.stats.succeeded),
+            Outcome::Retry => (&self.retry, &self.stats.retried),
+            Outcome::DeadLetter => (&self.dead_letter, &self.stats.dead_lettered),
         };
         if n > 0 {
             counter.inc_by(n);
+            stat.fetch_add(n, Relaxed);
         }
     }
 
@@ -97,8 +110,9 @@ fn group(g: &str) -> Labels {
     vec![("group", g.to_owned())]
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
+impl Metrics {
+    /// Metrics that also count in `stats`.
+    pub(crate) fn new(stats: Arc<ListenerStats>) -> Self {
         Metrics {
             records: Family::default(),
             handler_duration: Family::new_with_constructor(handler_buckets),
@@ -109,11 +123,15 @@ impl Default for Metrics {
             consumer_lag: Family::default(),
             dlq_backlog: Family::default(),
             stalled: Family::default(),
+            stats,
         }
     }
-}
 
-impl Metrics {
+    /// Counts an event that has no Prometheus metric of its own.
+    pub(crate) fn count(&self, stat: impl FnOnce(&ListenerStats) -> &AtomicU64) {
+        stat(&self.stats).fetch_add(1, Relaxed);
+    }
+
     /// Registers every metric in `registry`.
     pub(crate) fn register(&self, registry: &mut Registry) {
         let r = registry;
@@ -166,22 +184,30 @@ impl Metrics {
             retry: records(Outcome::Retry),
             dead_letter: records(Outcome::DeadLetter),
             handler_duration: self.handler_duration.get_or_create(&topic(source)).clone(),
+            stats: self.stats.clone(),
         }
     }
 
-    pub(crate) fn publish_failed(&self, target: &str) {
-        self.publish_failures.get_or_create(&topic(target)).inc();
+    /// A publish attempt failed; `target` is the topic of its first record.
+    pub(crate) fn publish_failed(&self, target: Option<&str>) {
+        self.count(|s| &s.publish_failures);
+        if let Some(target) = target {
+            self.publish_failures.get_or_create(&topic(target)).inc();
+        }
     }
 
     pub(crate) fn commit_failed(&self, group_id: &str) {
+        self.count(|s| &s.commit_failures);
         self.commit_failures.get_or_create(&group(group_id)).inc();
     }
 
     pub(crate) fn rebalanced(&self, group_id: &str) {
+        self.count(|s| &s.rebalances);
         self.rebalances.get_or_create(&group(group_id)).inc();
     }
 
     pub(crate) fn offset_reset(&self, t: &str) {
+        self.count(|s| &s.offset_resets);
         self.offset_resets.get_or_create(&topic(t)).inc();
     }
 
@@ -199,5 +225,52 @@ impl Metrics {
 
     pub(crate) fn dlq_backlog(&self, t: &str, backlog: i64) {
         self.dlq_backlog.get_or_create(&topic(t)).set(backlog.max(0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of one sample in the text exposition.
+    fn sample(text: &str, series: &str) -> u64 {
+        let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn every_event_counts_in_the_metric_and_in_the_stats_alike() {
+        let stats = Arc::new(ListenerStats::default());
+        let metrics = Metrics::new(stats.clone());
+        let orders = metrics.for_topic("orders");
+        orders.record_done(Outcome::Success, 3);
+        orders.record_done(Outcome::Retry, 2);
+        orders.record_done(Outcome::DeadLetter, 1);
+        metrics.publish_failed(Some("orders.retry-5s"));
+        metrics.commit_failed("billing");
+        metrics.rebalanced("billing");
+        metrics.rebalanced("billing.retry-5s");
+        metrics.offset_reset("orders");
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+
+        let snapshot = stats.snapshot();
+        let records = |outcome: &str| {
+            sample(&text, &format!(r#"kafka_retry_records_total{{topic="orders",outcome="{outcome}"}}"#))
+        };
+        assert_eq!((records("success"), snapshot.succeeded), (3, 3));
+        assert_eq!((records("retry"), snapshot.retried), (2, 2));
+        assert_eq!((records("dead_letter"), snapshot.dead_lettered), (1, 1));
+        let publish = sample(&text, r#"kafka_retry_publish_failures_total{topic="orders.retry-5s"}"#);
+        assert_eq!((publish, snapshot.publish_failures), (1, 1));
+        let commits = sample(&text, r#"kafka_retry_commit_failures_total{group="billing"}"#);
+        assert_eq!((commits, snapshot.commit_failures), (1, 1));
+        let rebalances = sample(&text, r#"kafka_retry_rebalances_total{group="billing"}"#)
+            + sample(&text, r#"kafka_retry_rebalances_total{group="billing.retry-5s"}"#);
+        assert_eq!((rebalances, snapshot.rebalances), (2, 2));
+        let resets = sample(&text, r#"kafka_retry_offset_resets_total{topic="orders"}"#);
+        assert_eq!((resets, snapshot.offset_resets), (1, 1));
     }
 }

@@ -1,6 +1,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Counters of a running listener, for metrics and tests. Monotonic.
+/// Counters of a running listener, for programs and tests. Monotonic.
+/// Every event that also has a Prometheus metric is counted by the same
+/// call that counts the metric, so the two agree.
 #[derive(Debug, Default)]
 pub struct ListenerStats {
     pub(crate) succeeded: AtomicU64,
@@ -85,8 +87,4 @@ impl ListenerStats {
             null_headers_dropped: self.null_headers_dropped.load(Relaxed),
         }
     }
-}
-
-pub(crate) fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Relaxed);
 }

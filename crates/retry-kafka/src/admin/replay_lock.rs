@@ -67,6 +67,7 @@ impl ReplayLock {
         let mut client = GroupClient::new(connection, group);
         let mut member_id = String::new();
         let mut attempts = 0;
+        let mut pauses = crate::backoff::pauses(Duration::from_millis(100), Duration::from_millis(250));
         let outcome = loop {
             match round(&mut client, &mut member_id, instance).await {
                 // A group still settling from its last holder's leave, or a
@@ -76,7 +77,7 @@ impl ReplayLock {
                     if e.broker_error() == Some(ResponseError::UnknownMemberId) {
                         member_id.clear();
                     }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    tokio::time::sleep(pauses.next()).await;
                 }
                 outcome => break outcome,
             }

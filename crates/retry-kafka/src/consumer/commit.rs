@@ -15,13 +15,7 @@ use std::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    backoff::pauses,
-    metrics::Metrics,
-    protocol::group::GroupClient,
-    stats::{bump, ListenerStats},
-    ListenerConfig, TopicPartition,
-};
+use crate::{backoff::pauses, metrics::Metrics, protocol::group::GroupClient, ListenerConfig, TopicPartition};
 
 /// The highest finished offset of each partition a member consumed, kept
 /// across its generations (see [`crate::consumer::position::resume_at`]).
@@ -93,7 +87,6 @@ impl Committer {
         group_id: &str,
         generation_id: i32,
         member_id: String,
-        stats: Arc<ListenerStats>,
         metrics: Metrics,
         progress: Progress,
     ) -> Self {
@@ -122,11 +115,10 @@ impl Committer {
                         match client.commit(generation_id, &member_id, &offsets).await {
                             Ok(()) => {
                                 backoff.reset();
-                                bump(&stats.commits);
+                                metrics.count(|s| &s.commits);
                                 tracing::debug!(group = client.group_id(), ?offsets, "committed");
                             }
                             Err(e) => {
-                                bump(&stats.commit_failures);
                                 metrics.commit_failed(client.group_id());
                                 tracing::warn!(group = client.group_id(), error = %e, "offset commit failed; will retry");
                                 tracker.restore(offsets);
@@ -138,7 +130,7 @@ impl Committer {
                                     if let Err(e) = client.commit(generation_id, &member_id, &offsets).await {
                                         tracing::warn!(group = client.group_id(), error = %e, "final offset commit failed; these records will be redelivered");
                                     } else {
-                                        bump(&stats.commits);
+                                        metrics.count(|s| &s.commits);
                                     }
                                 }
                             }

@@ -169,7 +169,6 @@ pub(crate) struct Shared<H> {
     pub(crate) cluster: Arc<Cluster>,
     pub(crate) publisher: Publisher,
     pub(crate) handler: Arc<H>,
-    pub(crate) stats: Arc<ListenerStats>,
     pub(crate) metrics: Metrics,
     /// How many group members received their first assignment.
     pub(crate) members_joined: std::sync::atomic::AtomicUsize,
@@ -215,12 +214,11 @@ impl Listener {
         let cluster = Arc::new(Cluster::connect(&config.connection).await?);
         TopicPlan::new(config.policy.topology().clone(), 1).verify_with(&cluster).await?;
         let stats = Arc::new(ListenerStats::default());
-        let metrics = Metrics::default();
+        let metrics = Metrics::new(stats.clone());
         let shared = Arc::new(Shared {
             publisher: Publisher::new(cluster.clone(), config.publish_max_request_bytes, stats.publish_splits.clone()),
             cluster,
             handler,
-            stats: stats.clone(),
             members_joined: Default::default(),
             stalled: Default::default(),
             metrics: metrics.clone(),

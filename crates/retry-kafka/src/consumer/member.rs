@@ -24,7 +24,6 @@ use crate::{
         worker::{StopSignals, Worker},
     },
     protocol::{assignor, group::GroupClient, ResponseError},
-    stats::bump,
     RecordHandler, TopicPartition,
 };
 
@@ -239,7 +238,6 @@ impl<H: RecordHandler> Member<H> {
                     continue;
                 }
             };
-            bump(&self.shared.stats.rebalances);
             self.shared.metrics.rebalanced(&self.group_id);
             if !joined_once {
                 joined_once = true;
@@ -339,7 +337,6 @@ impl<H: RecordHandler> Member<H> {
             &self.group_id,
             generation_id,
             member_id.to_owned(),
-            self.shared.stats.clone(),
             self.shared.metrics.clone(),
             progress.clone(),
         );

@@ -25,7 +25,6 @@ use crate::{
     metrics::{Outcome, TopicMetrics},
     protocol::fallback::{is_undecodable, Decoded, FallbackReader, Fetched},
     publisher::{Outgoing, PublishFailure},
-    stats::bump,
     ConsumedRecord, Error, RecordHandler, TopicPartition,
 };
 
@@ -243,7 +242,8 @@ impl<H: RecordHandler> Worker<H> {
         let mut fallback_until: Option<tokio::time::Instant> = None;
         // Brokers that answer an empty fetch at once, ignoring its max wait,
         // must not make an idle partition spin: wait longer after each.
-        let mut idle = Duration::ZERO;
+        let fetch_max_wait = self.shared.config.fetch_max_wait.max(Duration::from_millis(10));
+        let mut idle = pauses(Duration::from_millis(10), fetch_max_wait);
         loop {
             if fallback_until.is_some_and(|until| tokio::time::Instant::now() < until) {
                 let max_bytes = self.max_fetch_bytes();
@@ -286,7 +286,7 @@ impl<H: RecordHandler> Worker<H> {
             };
             match (AfterFetch::of(offset, outcome), result) {
                 (AfterFetch::Reconnect, _) => {
-                    bump(&self.shared.stats.fetch_failures);
+                    self.shared.metrics.count(|s| &s.fetch_failures);
                     tracing::warn!(%topic, partition, offset, timeout = ?fetch_deadline, "a fetch got no answer; replacing the partition's connection");
                     let Some(new) = self.connect().await else { return };
                     client = new;
@@ -316,17 +316,16 @@ impl<H: RecordHandler> Worker<H> {
                 (AfterFetch::Wait, _) => {
                     backoff.reset();
                     undecodable = None;
-                    if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2 {
-                        idle = (idle * 2).min(self.shared.config.fetch_max_wait).max(Duration::from_millis(10));
-                        if self.drive(in_flight, self.pause(idle)).await != Some(false) {
-                            return;
-                        }
+                    if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2
+                        && self.drive(in_flight, self.pause(idle.next())).await != Some(false)
+                    {
+                        return;
                     }
                 }
                 (AfterFetch::Process, Ok(Ok((records, high_watermark)))) => {
                     backoff.reset();
                     undecodable = None;
-                    idle = Duration::ZERO;
+                    idle.reset();
                     let records = records.into_iter().map(Fetched::from).collect();
                     if !self.admit(in_flight, records, &mut offset).await {
                         return;
@@ -334,7 +333,7 @@ impl<H: RecordHandler> Worker<H> {
                     self.shared.metrics.lag(&topic, partition, high_watermark - offset);
                 }
                 (AfterFetch::Fallback, Ok(Err(e))) => {
-                    bump(&self.shared.stats.undecodable_fetches);
+                    self.shared.metrics.count(|s| &s.undecodable_fetches);
                     // rskafka cannot decode this batch (e.g. a null header
                     // value): read it ourselves rather than stall forever.
                     let max_bytes = self.max_fetch_bytes();
@@ -356,7 +355,7 @@ impl<H: RecordHandler> Worker<H> {
                             }
                         }
                         other => {
-                            bump(&self.shared.stats.fetch_failures);
+                            self.shared.metrics.count(|s| &s.fetch_failures);
                             let fallback_error =
                                 other.err().map(|e| e.to_string()).unwrap_or_else(|| "no records".into());
                             if undecodable.is_none() {
@@ -372,7 +371,7 @@ impl<H: RecordHandler> Worker<H> {
                     }
                 }
                 (_, other) => {
-                    bump(&self.shared.stats.fetch_failures);
+                    self.shared.metrics.count(|s| &s.fetch_failures);
                     let error = other.ok().and_then(Result::err).map(|e| e.to_string()).unwrap_or_default();
                     tracing::warn!(%topic, partition, offset, %error, "fetch failed; retrying");
                     if self.unless_stopped(self.shared.cluster.refresh_metadata()).await.is_none() {
@@ -390,7 +389,7 @@ impl<H: RecordHandler> Worker<H> {
     /// the control batches (transaction markers) after its records. False
     /// when the worker must stop.
     async fn take_decoded<'a>(&'a self, in_flight: &mut InFlight<'a>, decoded: Decoded, offset: &mut i64) -> bool {
-        bump(&self.shared.stats.fallback_fetches);
+        self.shared.metrics.count(|s| &s.fallback_fetches);
         let next = decoded.next_offset.unwrap_or(*offset);
         if !decoded.records.is_empty() && !self.admit(in_flight, decoded.records, offset).await {
             return false;
@@ -582,14 +581,13 @@ impl<H: RecordHandler> Worker<H> {
         let policy = position::start_policy(self.shared.config.offset_reset, self.stage.rung().is_some());
         let reset_to = match (verdict, policy) {
             (Verdict::Keep, _) => {
-                bump(&self.shared.stats.positions_kept);
+                self.shared.metrics.count(|s| &s.positions_kept);
                 tracing::info!(%topic, partition, offset, log_start, log_end, ?doubt, "the fetch doubted a position that lies within the log (a leader change?); keeping it");
                 return Some(offset);
             }
             (_, OffsetReset::Earliest) => log_start,
             (_, OffsetReset::Latest) => log_end,
         };
-        bump(&self.shared.stats.offset_resets);
         self.shared.metrics.offset_reset(topic);
         tracing::warn!(%topic, partition, offset, log_start, log_end, ?doubt, ?verdict, reset = ?policy, to = reset_to, "the position lies outside the log (retention deleted unread records, or the log was truncated); resetting");
         // What was finished before the reset means nothing in the log now:
@@ -636,7 +634,7 @@ impl<H: RecordHandler> Worker<H> {
             match result {
                 Ok(client) => return Some(client),
                 Err(e) => {
-                    bump(&self.shared.stats.fetch_failures);
+                    self.shared.metrics.count(|s| &s.fetch_failures);
                     tracing::warn!(%topic, partition, error = %e, "cannot reach the partition; retrying");
                     self.unless_stopped(self.shared.cluster.refresh_metadata()).await?;
                     if self.pause(backoff.next()).await {
@@ -655,7 +653,7 @@ impl<H: RecordHandler> Worker<H> {
         let policy = &shared.config.policy();
         let Fetched { offset, key, value, headers, timestamp, null_headers } = record;
         if !null_headers.is_empty() {
-            bump(&shared.stats.null_headers_dropped);
+            shared.metrics.count(|s| &s.null_headers_dropped);
             tracing::warn!(?null_headers, "dropping header values that are null: records here carry none");
         }
         let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers: &headers };
@@ -683,7 +681,6 @@ impl<H: RecordHandler> Worker<H> {
         let decision = policy.decide(self.stage, &meta, &outcome, now);
         let (target, headers, dead_letter) = match decision {
             Decision::Commit => {
-                bump(&shared.stats.succeeded);
                 self.metrics.record_done(Outcome::Success, 1);
                 return Processed::Done;
             }
@@ -718,10 +715,7 @@ impl<H: RecordHandler> Worker<H> {
                 result = shared.publisher.publish_all(&mut outbox.records) => result,
             };
             let Err(e) = result else { break };
-            bump(&shared.stats.publish_failures);
-            if let Some(first) = outbox.records.first() {
-                shared.metrics.publish_failed(&first.topic);
-            }
+            shared.metrics.publish_failed(outbox.records.first().map(|r| r.topic.as_str()));
             let failure = PublishFailure::of_error(&e);
             let pause = backoff.next();
             let stalled =
@@ -747,8 +741,6 @@ impl<H: RecordHandler> Worker<H> {
                 "publishing works again; the partition resumes"
             );
         }
-        shared.stats.retried.fetch_add(outbox.retries, std::sync::atomic::Ordering::Relaxed);
-        shared.stats.dead_lettered.fetch_add(outbox.dead_letters, std::sync::atomic::Ordering::Relaxed);
         self.metrics.record_done(Outcome::Retry, outbox.retries);
         self.metrics.record_done(Outcome::DeadLetter, outbox.dead_letters);
         *outbox = Outbox::default();
@@ -777,7 +769,7 @@ impl<H: RecordHandler> Worker<H> {
         Some(match result {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(join_error)) => {
-                bump(&self.shared.stats.handler_panics);
+                self.shared.metrics.count(|s| &s.handler_panics);
                 let message = match join_error.try_into_panic() {
                     Ok(panic) => panic
                         .downcast_ref::<&str>()
@@ -792,7 +784,7 @@ impl<H: RecordHandler> Worker<H> {
             Err(_) => {
                 task.abort();
                 let _ = task.await;
-                bump(&self.shared.stats.handler_timeouts);
+                self.shared.metrics.count(|s| &s.handler_timeouts);
                 Err(HandlerError::transient(format!("handler timed out after {timeout:?}")))
             }
         })
