@@ -363,7 +363,8 @@ pub(crate) fn tidy() -> anyhow::Result<()> {
     tidy_dependencies()?;
     tidy_ladder_names()?;
     tidy_transport_free()?;
-    tidy_layers()
+    tidy_layers()?;
+    tidy_core_examples()
 }
 
 /// Checks the Prometheus alert rules and runs their unit tests with promtool.
@@ -486,6 +487,51 @@ fn tidy_transport_free() -> anyhow::Result<()> {
         bail!("dependencies across the layers:\n  {}", offenders.join("\n  "));
     }
     eprintln!("tidy: retry-core does no I/O; {} build without the Kafka transport", TRANSPORT_FREE_CRATES.join(", "));
+    Ok(())
+}
+
+/// Every public type, trait, function and module of retry-core shows
+/// itself in an example that compiles and runs (a doc test): a reuser's
+/// first reading is these pages.
+fn tidy_core_examples() -> anyhow::Result<()> {
+    let src = workspace_root().join("crates").join("retry-core").join("src");
+    let mut offenders = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let is_tests = path.file_stem().is_some_and(|s| s == "tests");
+            if is_tests || path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path)?;
+            let lines: Vec<&str> = text.lines().take_while(|l| !l.starts_with("#[cfg(test)]")).collect();
+            for (n, line) in lines.iter().enumerate() {
+                let item = ["pub struct ", "pub enum ", "pub trait ", "pub type ", "pub fn ", "pub mod ", "pub const fn "];
+                if !item.iter().any(|i| line.starts_with(i)) {
+                    continue;
+                }
+                let doc = lines[..n]
+                    .iter()
+                    .rev()
+                    .take_while(|l| l.starts_with("///") || l.starts_with("#["))
+                    .any(|l| l.starts_with("/// ```"));
+                if !doc {
+                    let shown = path.strip_prefix(workspace_root()).unwrap_or(&path).display().to_string();
+                    offenders.push(format!("{shown}:{}: {}", n + 1, line.trim_end_matches(" {")));
+                }
+            }
+        }
+    }
+    if !offenders.is_empty() {
+        offenders.sort();
+        bail!("retry-core items without an example in their documentation:\n  {}", offenders.join("\n  "));
+    }
+    eprintln!("tidy: every public item of retry-core has an example");
     Ok(())
 }
 
