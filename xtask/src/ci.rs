@@ -433,8 +433,9 @@ const TRANSPORT_CRATES: &[&str] =
 /// brought a runtime of its own.
 const RUNTIME_FEATURES: &[&str] = &["rt-multi-thread", "macros", "signal", "process"];
 
-/// The crates of `krate`'s normal and build dependency graph, by name.
-fn dependency_names(krate: &str) -> anyhow::Result<Vec<String>> {
+/// The crates of `krate`'s normal and build dependency graph, as
+/// `name version` lines, each once.
+fn dependency_graph(krate: &str) -> anyhow::Result<Vec<String>> {
     let out = Command::new(cargo())
         .current_dir(workspace_root())
         .args(["tree", "--edges", "normal,build", "--prefix", "none", "--format", "{p}", "--package", krate])
@@ -443,9 +444,16 @@ fn dependency_names(krate: &str) -> anyhow::Result<Vec<String>> {
     if !out.status.success() {
         bail!("cargo tree -p {krate} failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let mut names: Vec<String> =
-        String::from_utf8(out.stdout)?.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect();
-    names.sort();
+    let mut lines: Vec<String> = String::from_utf8(out.stdout)?.lines().map(str::to_owned).collect();
+    lines.sort();
+    lines.dedup();
+    Ok(lines)
+}
+
+/// The same, by crate name.
+fn dependency_names(krate: &str) -> anyhow::Result<Vec<String>> {
+    let graph = dependency_graph(krate)?;
+    let mut names: Vec<String> = graph.iter().filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect();
     names.dedup();
     Ok(names)
 }
@@ -511,7 +519,8 @@ fn tidy_core_examples() -> anyhow::Result<()> {
             let text = std::fs::read_to_string(&path)?;
             let lines: Vec<&str> = text.lines().take_while(|l| !l.starts_with("#[cfg(test)]")).collect();
             for (n, line) in lines.iter().enumerate() {
-                let item = ["pub struct ", "pub enum ", "pub trait ", "pub type ", "pub fn ", "pub mod ", "pub const fn "];
+                let item =
+                    ["pub struct ", "pub enum ", "pub trait ", "pub type ", "pub fn ", "pub mod ", "pub const fn "];
                 if !item.iter().any(|i| line.starts_with(i)) {
                     continue;
                 }
@@ -589,15 +598,7 @@ const PURE_SYS_CRATES: &[&str] = &["linux-raw-sys"];
 fn tidy_dependencies() -> anyhow::Result<()> {
     let mut offenders = Vec::new();
     for krate in PURE_RUST_CRATES {
-        let out = Command::new(cargo())
-            .current_dir(workspace_root())
-            .args(["tree", "--edges", "normal,build", "--prefix", "none", "--format", "{p}", "--package", krate])
-            .output()
-            .context("cannot run cargo tree")?;
-        if !out.status.success() {
-            bail!("cargo tree -p {krate} failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        for line in String::from_utf8(out.stdout)?.lines() {
+        for line in dependency_graph(krate)? {
             let name = line.split_whitespace().next().unwrap_or_default();
             let banned = (name.ends_with("-sys") && !PURE_SYS_CRATES.contains(&name))
                 || name.contains("rdkafka")

@@ -13,6 +13,20 @@ use crate::{Error, Result};
 
 /// How pauses grow: from `initial`, times `multiplier` after each attempt,
 /// capped at `max`, each shortened by up to `jitter` of itself.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::BackoffConfig;
+///
+/// let ms = Duration::from_millis;
+/// let config = BackoffConfig::new(ms(100), ms(1_000)).unwrap();
+/// // A draw of 0 shortens no pause, so the doubling shows plainly.
+/// let pauses: Vec<Duration> = config.pauses(|| 0.0).take(6).collect();
+/// assert_eq!(pauses, [100, 200, 400, 800, 1_000, 1_000].map(ms));
+/// let tripling: Vec<Duration> = config.with_multiplier(3.0).unwrap().pauses(|| 0.0).take(3).collect();
+/// assert_eq!(tripling, [100, 300, 900].map(ms));
+/// assert!(config.with_jitter(1.5).is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BackoffConfig {
     initial: Duration,
@@ -65,6 +79,19 @@ impl BackoffConfig {
 
 /// The pauses of one sequence of attempts; endless (the caller decides when
 /// to give up). [`reset`](Self::reset) after a success.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::BackoffConfig;
+///
+/// let ms = Duration::from_millis;
+/// // Full jitter and draws of one half: each pause is half the unjittered one.
+/// let mut pauses = BackoffConfig::new(ms(100), ms(1_000)).unwrap().with_jitter(1.0).unwrap().pauses(|| 0.5);
+/// assert_eq!((pauses.next(), pauses.next(), pauses.next()), (Some(ms(50)), Some(ms(100)), Some(ms(200))));
+/// // Connected again: the next failure starts from the first pause.
+/// pauses.reset();
+/// assert_eq!(pauses.next(), Some(ms(50)));
+/// ```
 #[derive(Debug, Clone)]
 pub struct Backoff<R> {
     config: BackoffConfig,

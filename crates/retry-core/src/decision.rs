@@ -8,6 +8,18 @@ use crate::{
 /// Which topic of the ladder a record was read from: the source topic or one
 /// of the retry rungs. Obtained from [`RetryPolicy::stage_of`] or
 /// [`RetryPolicy::stages`], so a retry stage always names an existing rung.
+///
+/// ```
+/// use retry_core::{RetryPolicy, RetryTopology, Stage};
+///
+/// let topology = RetryTopology::new("orders", &"5s,30s".parse().unwrap()).unwrap();
+/// let policy = RetryPolicy::new(topology, Default::default());
+/// let stage = policy.stage_of("orders.retry-5s").unwrap();
+/// assert_eq!((stage.rung(), stage.attempt()), (Some(0), 2));
+/// assert_eq!((Stage::SOURCE.rung(), Stage::SOURCE.attempt()), (None, 1));
+/// // The listener does not consume the dead-letter topic: it has no stage.
+/// assert_eq!(policy.stage_of("orders.dlq"), None);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Stage(Option<usize>);
 
@@ -43,6 +55,23 @@ impl Stage {
 }
 
 /// What the decision function needs to know about a record.
+///
+/// ```
+/// use retry_core::{Headers, RecordMeta, RetryPolicy, RetryTopology, Timestamp};
+///
+/// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+/// let headers = Headers::new();
+/// let record = RecordMeta {
+///     topic: "orders.retry-5s",
+///     partition: 0,
+///     offset: 7,
+///     timestamp: Some(Timestamp::from_millis(10_000)),
+///     headers: &headers,
+/// };
+/// // No `x-retry-due-at` header: the record is due its rung's delay after its timestamp.
+/// let stage = policy.stage_of(record.topic).unwrap();
+/// assert_eq!(policy.due_at(stage, &record, Timestamp::from_millis(12_000)), Timestamp::from_millis(15_000));
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct RecordMeta<'a> {
     /// The topic it was read from.
@@ -58,6 +87,27 @@ pub struct RecordMeta<'a> {
 }
 
 /// What to do with a record once its handler returned.
+///
+/// ```
+/// use retry_core::{
+///     DeadLetterReason, Decision, HandlerError, Headers, RecordMeta, RetryPolicy, RetryTopology, Stage, Timestamp,
+/// };
+///
+/// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+/// let headers = Headers::new();
+/// let record = RecordMeta { topic: "orders", partition: 0, offset: 7, timestamp: None, headers: &headers };
+/// let now = Timestamp::from_millis(1_000);
+/// assert_eq!(policy.decide(Stage::SOURCE, &record, &Ok(()), now), Decision::Commit);
+/// // No retry fixes a bad payload: it goes straight to the dead-letter topic.
+/// let outcome = Err(HandlerError::permanent("the value is not JSON"));
+/// match policy.decide(Stage::SOURCE, &record, &outcome, now) {
+///     Decision::DeadLetter { topic, reason, headers } => {
+///         assert_eq!((topic.as_str(), reason), ("orders.dlq", DeadLetterReason::PermanentFailure));
+///         assert_eq!(headers.get("x-dead-letter-reason"), Some(&b"permanent-failure"[..]));
+///     }
+///     other => panic!("unexpected {other:?}"),
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Done: commit the offset.
@@ -86,6 +136,26 @@ pub enum Decision {
 }
 
 /// Tunables of a [`RetryPolicy`].
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::{
+///     DeadLetterReason, Decision, HandlerError, Headers, PolicyConfig, RecordMeta, RetryPolicy, RetryTopology, Stage,
+///     Timestamp,
+/// };
+///
+/// let defaults = PolicyConfig::default();
+/// assert_eq!((defaults.deadline, defaults.max_clock_skew), (None, Duration::from_secs(1)));
+/// // Give up on a record not done within 3 s of its first failure.
+/// let config = PolicyConfig { deadline: Some(Duration::from_secs(3)), ..defaults };
+/// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), config);
+/// let headers = Headers::new();
+/// let record = RecordMeta { topic: "orders", partition: 0, offset: 7, timestamp: None, headers: &headers };
+/// let outcome = Err(HandlerError::transient("timed out"));
+/// // The first retry would be due 5 s later, past the deadline.
+/// let decision = policy.decide(Stage::SOURCE, &record, &outcome, Timestamp::from_millis(0));
+/// assert!(matches!(decision, Decision::DeadLetter { reason: DeadLetterReason::DeadlineExceeded, .. }));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyConfig {
     /// Dead-letter a record instead of retrying it when its retry would be
@@ -111,6 +181,25 @@ impl Default for PolicyConfig {
 /// the dead-letter topic. Nothing is ever retried forever, and a failed
 /// record always leaves with a [`Decision::Retry`] or
 /// [`Decision::DeadLetter`]: nothing is dropped.
+///
+/// ```
+/// use retry_core::{
+///     DeadLetterReason, Decision, HandlerError, Headers, RecordMeta, RetryPolicy, RetryTopology, Stage, Timestamp,
+/// };
+///
+/// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+/// let failed = Err(HandlerError::transient("provider answered 503"));
+/// let none = Headers::new();
+/// let record = RecordMeta { topic: "orders", partition: 0, offset: 7, timestamp: None, headers: &none };
+/// let first = policy.decide(Stage::SOURCE, &record, &failed, Timestamp::from_millis(0));
+/// let Decision::Retry { topic, due_at, headers } = first else {
+///     panic!("a transient failure on the source is retried")
+/// };
+/// // The record fails again on the only rung: the ladder ends in the dead-letter topic.
+/// let retried = RecordMeta { topic: topic.as_str(), partition: 0, offset: 0, timestamp: None, headers: &headers };
+/// let decision = policy.decide(policy.stage_of(topic.as_str()).unwrap(), &retried, &failed, due_at);
+/// assert!(matches!(decision, Decision::DeadLetter { reason: DeadLetterReason::RetriesExhausted, .. }));
+/// ```
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
     topology: RetryTopology,

@@ -1,6 +1,18 @@
 use std::fmt;
 
 /// The result type of this crate.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::{BackoffConfig, Result};
+///
+/// /// The pauses of a service whose longest one is a setting.
+/// fn backoff(max_secs: u64) -> Result<BackoffConfig> {
+///     BackoffConfig::new(Duration::from_secs(1), Duration::from_secs(max_secs))
+/// }
+/// assert!(backoff(30).is_ok());
+/// assert!(backoff(0).is_err());
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in `retry-core`: invalid configuration
@@ -8,6 +20,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// Messages are meant for operators: they name the offending input and,
 /// where there is one, the fix.
+///
+/// ```
+/// use retry_core::{Error, RetrySchedule};
+///
+/// let error = "5s,5000ms".parse::<RetrySchedule>().unwrap_err();
+/// assert!(matches!(error, Error::InvalidSchedule { .. }));
+/// assert_eq!(error.to_string(), r#"invalid retry schedule "5s,5000ms": delay 2 (5s) repeats delay 1"#);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -52,6 +72,17 @@ pub enum Error {
 }
 
 /// What is wrong with a retry header; part of [`Error::CorruptHeader`].
+///
+/// ```
+/// use retry_core::{Error, HeaderProblem, Headers, RetryHeaders};
+///
+/// let mut headers = Headers::new();
+/// headers.insert("x-retry-attempt", "two");
+/// let error = RetryHeaders::decode(&headers).unwrap_err();
+/// let problem = HeaderProblem::NotANumber("two".to_owned());
+/// assert_eq!(error, Error::CorruptHeader { header: "x-retry-attempt", problem });
+/// assert_eq!(error.to_string(), r#"retry header x-retry-attempt is not a number in range: "two""#);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HeaderProblem {

@@ -1,6 +1,15 @@
 use std::fmt;
 
 /// Whether a failure is worth retrying.
+///
+/// ```
+/// use retry_core::{FailureKind, HandlerError};
+///
+/// assert_eq!(HandlerError::transient("connection refused").kind(), FailureKind::Transient);
+/// assert_eq!(HandlerError::permanent("no customer id").kind(), FailureKind::Permanent);
+/// // The word written to `x-error-kind`.
+/// assert_eq!(FailureKind::Permanent.as_str(), "permanent");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureKind {
     /// The same input may succeed later: timeouts, refused connections,
@@ -40,6 +49,16 @@ impl fmt::Display for FailureKind {
 ///
 /// The handler classifies its own failures; [`classify_http_status`] helps
 /// for HTTP calls.
+///
+/// ```
+/// use retry_core::{FailureKind, HandlerError};
+///
+/// let error = HandlerError::permanent("order 42 has no customer id");
+/// assert_eq!((error.kind(), error.message()), (FailureKind::Permanent, "order 42 has no customer id"));
+/// assert_eq!(error.to_string(), "permanent failure: order 42 has no customer id");
+/// let error = HandlerError::new(FailureKind::Transient, "the database is overloaded");
+/// assert_eq!(error, HandlerError::transient("the database is overloaded"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HandlerError {
     kind: FailureKind,
@@ -85,6 +104,20 @@ impl std::error::Error for HandlerError {}
 /// (below 400), [`FailureKind::Transient`] for 408 (request timeout), 425 (too
 /// early), 429 (too many requests) and every 5xx, [`FailureKind::Permanent`]
 /// for the other 4xx and for codes outside 100..=599, which no retry repairs.
+///
+/// ```
+/// use retry_core::{classify_http_status, FailureKind, HandlerError};
+///
+/// assert_eq!(classify_http_status(204), None);
+/// assert_eq!(classify_http_status(503), Some(FailureKind::Transient));
+/// assert_eq!(classify_http_status(429), Some(FailureKind::Transient));
+/// assert_eq!(classify_http_status(422), Some(FailureKind::Permanent));
+/// // In a handler, a failed call becomes an error of the right kind.
+/// let status = 503;
+/// let message = format!("the provider answered {status}");
+/// let error = classify_http_status(status).map(|kind| HandlerError::new(kind, message));
+/// assert_eq!(error, Some(HandlerError::transient("the provider answered 503")));
+/// ```
 pub fn classify_http_status(status: u16) -> Option<FailureKind> {
     match status {
         100..=399 => None,

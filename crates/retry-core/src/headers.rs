@@ -7,6 +7,15 @@ pub const MAX_ERROR_BYTES: usize = 1024;
 
 /// The names of the headers `retry-core` writes. Every other header belongs to
 /// the producer and passes through the ladder untouched.
+///
+/// ```
+/// use retry_core::header_names;
+///
+/// assert_eq!(header_names::ATTEMPT, "x-retry-attempt");
+/// assert_eq!(header_names::DEAD_LETTER_REASON, "x-dead-letter-reason");
+/// // Every name, e.g. to leave ours out when showing a record to operators.
+/// assert!(header_names::ALL.contains(&header_names::DUE_AT));
+/// ```
 pub mod header_names {
     /// How many delivery attempts have failed so far (1 after the source topic).
     pub const ATTEMPT: &str = "x-retry-attempt";
@@ -52,6 +61,14 @@ pub mod header_names {
     ];
 
     /// Whether `name` is one of ours.
+    ///
+    /// ```
+    /// use retry_core::header_names::is_retry_header;
+    ///
+    /// assert!(is_retry_header("x-retry-due-at"));
+    /// // The producer's headers pass through the ladder untouched.
+    /// assert!(!is_retry_header("traceparent"));
+    /// ```
     pub fn is_retry_header(name: &str) -> bool {
         ALL.contains(&name)
     }
@@ -61,6 +78,19 @@ use header_names as names;
 
 /// A record's headers, in order. Kafka allows a name to repeat; lookups see
 /// the last value, as Kafka's own `lastHeader` does.
+///
+/// ```
+/// use retry_core::Headers;
+///
+/// let mut headers = Headers::new();
+/// headers.insert("traceparent", "00-abc-01");
+/// headers.insert("x-retry-attempt", "1");
+/// // `insert` replaces, so a hop never leaves two attempt counts behind.
+/// headers.insert("x-retry-attempt", "2");
+/// assert_eq!((headers.get("x-retry-attempt"), headers.len()), (Some(&b"2"[..]), 2));
+/// let producers = headers.without_retry_headers();
+/// assert_eq!(producers.iter().collect::<Vec<_>>(), [("traceparent", &b"00-abc-01"[..])]);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Headers(Vec<(String, Vec<u8>)>);
 
@@ -136,6 +166,14 @@ impl From<Headers> for BTreeMap<String, Vec<u8>> {
 }
 
 /// Why a record went to the dead-letter topic (`x-dead-letter-reason`).
+///
+/// ```
+/// use retry_core::DeadLetterReason;
+///
+/// assert_eq!(DeadLetterReason::RetriesExhausted.as_str(), "retries-exhausted");
+/// assert_eq!(DeadLetterReason::DeadlineExceeded.to_string(), "deadline-exceeded");
+/// assert_eq!(DeadLetterReason::ALL.len(), 4);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DeadLetterReason {
@@ -183,6 +221,29 @@ impl fmt::Display for DeadLetterReason {
 ///
 /// Values are ASCII decimal numbers (timestamps in ms since the epoch) or
 /// fixed words, so operators can read them with any Kafka tool.
+///
+/// ```
+/// use retry_core::{
+///     Decision, HandlerError, Headers, RecordMeta, RetryHeaders, RetryPolicy, RetryTopology, Stage, Timestamp,
+/// };
+///
+/// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+/// let none = Headers::new();
+/// let record = RecordMeta { topic: "orders", partition: 3, offset: 42, timestamp: None, headers: &none };
+/// let failed = Err(HandlerError::transient("provider answered 503"));
+/// let first = policy.decide(Stage::SOURCE, &record, &failed, Timestamp::from_millis(1_000));
+/// let Decision::Retry { headers, .. } = first else {
+///     panic!("a transient failure on the source is retried")
+/// };
+/// // Plain text, readable with any Kafka tool.
+/// assert_eq!(headers.get("x-original-offset"), Some(&b"42"[..]));
+/// let ours = RetryHeaders::decode(&headers).unwrap();
+/// assert_eq!((ours.attempt, ours.error.as_str()), (1, "provider answered 503"));
+/// assert_eq!(ours.due_at, Some(Timestamp::from_millis(6_000)));
+/// let mut again = Headers::new();
+/// ours.encode_into(&mut again);
+/// assert_eq!(again, headers);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryHeaders {
     /// How many delivery attempts have failed so far.

@@ -1,6 +1,13 @@
 //! `retry-core` decides what happens to a Kafka record whose handler failed,
 //! for the retry-topic pattern: `orders` -> `orders.retry-5s` -> `orders.retry-30s`
-//! -> ... -> `orders.dlq`.
+//! -> ... -> `orders.dlq`. It is also all that a service's domain code needs:
+//! the handler contract ([`RecordHandler`], [`ConsumedRecord`],
+//! [`HandlerError`]) lives here, so a domain crate builds and tests without
+//! any Kafka client.
+//!
+//! Its dependencies say what it is: `bytes` (record keys and values, shared
+//! without a copy) and `thiserror` (its error enum). No runtime: the handler
+//! trait returns a `Send` future from `std`, which any executor can drive.
 //!
 //! It is sans-IO: it never reads a clock, opens a socket or spawns a task. The
 //! caller passes the record's metadata, the handler's outcome and `now`, and
@@ -10,6 +17,8 @@
 //! headers is decided, and tested, here.
 //!
 //! The pieces:
+//! - [`RecordHandler`], [`ConsumedRecord`]: what a service implements and receives.
+//! - [`LadderGroups`]: the consumer groups of a ladder; [`Stage::attempt`]: attempt numbers.
 //! - [`RetrySchedule`]: the ladder's delays, parsed from `"5s,30s,5m"`.
 //! - [`RetryTopology`]: the topic names derived from a source topic and a schedule.
 //! - [`RetryHeaders`]: the `x-retry-*`/`x-original-*` headers carried along the ladder.

@@ -42,6 +42,16 @@ pub struct OperatorsPosition {
 #[error(
     "too many records handled out of order above offset {next}: acknowledge or replay the records before them first"
 )]
+/// ```
+/// use retry_core::{OperatorsPosition, PositionFull, MAX_POSITION_METADATA_BYTES};
+///
+/// let mut position = OperatorsPosition::new(Some(0), None, 0);
+/// // Every other record handled out of order: one range each, until the metadata is full.
+/// let full = (1_000_000..).step_by(2).find_map(|offset| position.handle(offset).err()).unwrap();
+/// assert_eq!(full, PositionFull { next: 0 });
+/// assert!(position.metadata().len() <= MAX_POSITION_METADATA_BYTES);
+/// assert!(full.to_string().starts_with("too many records handled out of order above offset 0"));
+/// ```
 pub struct PositionFull {
     /// The position's next offset.
     pub next: i64,
@@ -169,6 +179,22 @@ fn parse_ranges(metadata: &str) -> Option<BTreeSet<i64>> {
 /// Which records of a dead-letter topic a replay selects; `None` fields
 /// select everything. The operators' position decides separately which of
 /// them were handled already.
+///
+/// ```
+/// use retry_core::ReplaySelection;
+///
+/// // One customer's records on partition 2, at most 100 of them.
+/// let selection = ReplaySelection {
+///     partition: Some(2),
+///     keys: Some(vec![b"customer-7".to_vec()]),
+///     limit: Some(100),
+///     ..Default::default()
+/// };
+/// assert!(selection.visits(2) && !selection.visits(0));
+/// assert!(selection.selects(15, Some(&b"customer-7"[..])));
+/// assert!(!selection.selects(16, Some(&b"customer-8"[..])));
+/// assert!(!selection.limit_reached(99) && selection.limit_reached(100));
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplaySelection {
     /// Only this partition.

@@ -9,6 +9,18 @@ use crate::{header_names as names, Headers, RetryHeaders, RetryPolicy, Timestamp
 /// Where a replay writes: the source topic (the record starts the ladder
 /// again) or the first retry rung (it gets the first rung's attempt at once,
 /// Uber's "merge" of the dead-letter queue back into the ladder).
+///
+/// ```
+/// use retry_core::{ReplayTarget, RetryPolicy, RetryTopology};
+///
+/// let topology = RetryTopology::new("orders", &"5s,30s".parse().unwrap()).unwrap();
+/// let policy = RetryPolicy::new(topology, Default::default());
+/// assert_eq!(policy.replay_topic(ReplayTarget::Source).as_str(), "orders");
+/// assert_eq!(policy.replay_topic(ReplayTarget::FirstRetry).as_str(), "orders.retry-5s");
+/// assert_eq!(policy.replay_target("orders.retry-5s"), Some(ReplayTarget::FirstRetry));
+/// // Only the start of the ladder takes replays.
+/// assert_eq!(policy.replay_target("orders.retry-30s"), None);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplayTarget {
     /// The listener's source topic.
@@ -19,6 +31,22 @@ pub enum ReplayTarget {
 
 /// The guards a replay applies to each record; `None` lifts a guard, which
 /// an operator must ask for explicitly.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::{Headers, ReplayGuards, ReplayRefused, ReplayTarget, RetryPolicy, RetryTopology, Timestamp};
+///
+/// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+/// let mut dead_letter = Headers::new();
+/// dead_letter.insert("x-replay-count", "3");
+/// let (to, now) = (ReplayTarget::Source, Timestamp::from_millis(0));
+/// let guards = ReplayGuards { max_replays: Some(3), max_age: Some(Duration::from_secs(24 * 3600)) };
+/// let refused = policy.replay_headers(&dead_letter, to, now, guards);
+/// assert_eq!(refused, Err(ReplayRefused::TooOftenReplayed { count: 3, max: 3 }));
+/// // The default lifts both guards.
+/// let replayed = policy.replay_headers(&dead_letter, to, now, ReplayGuards::default()).unwrap();
+/// assert_eq!(replayed.get("x-replay-count"), Some(&b"4"[..]));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReplayGuards {
     /// The loop guard: refuse records replayed this many times already.
@@ -31,6 +59,19 @@ pub struct ReplayGuards {
 }
 
 /// Why a record may not be replayed.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::{Headers, ReplayGuards, ReplayRefused, ReplayTarget, RetryPolicy, RetryTopology, Timestamp};
+///
+/// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+/// let window = Duration::from_secs(24 * 3600);
+/// let guards = ReplayGuards { max_replays: None, max_age: Some(window) };
+/// // Without retry headers the record's age is unknown, so the window refuses it.
+/// let refused = policy.replay_headers(&Headers::new(), ReplayTarget::Source, Timestamp::from_millis(0), guards);
+/// assert_eq!(refused, Err(ReplayRefused::UnknownAge { window }));
+/// assert!(refused.unwrap_err().to_string().contains("override the idempotency window"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ReplayRefused {

@@ -10,6 +10,15 @@ pub const MAX_RUNGS: usize = 10;
 pub const MAX_DELAY: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// One rung of the retry ladder: a delay and the label that names its topic.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::RetrySchedule;
+///
+/// let schedule: RetrySchedule = "5s,90m".parse().unwrap();
+/// let rungs: Vec<(Duration, &str)> = schedule.rungs().iter().map(|rung| (rung.delay(), rung.label())).collect();
+/// assert_eq!(rungs, [(Duration::from_secs(5), "5s"), (Duration::from_secs(5_400), "90m")]);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Rung {
     delay: Duration,

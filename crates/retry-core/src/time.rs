@@ -4,6 +4,19 @@ use std::time::Duration;
 ///
 /// `retry-core` never reads a clock; callers pass `now` as a `Timestamp`.
 /// Arithmetic saturates, so a hostile header can never overflow it.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::Timestamp;
+///
+/// let now = Timestamp::from_millis(1_000);
+/// let due = now.saturating_add(Duration::from_secs(5));
+/// assert_eq!((due.as_millis(), now.until(due)), (6_000, Duration::from_secs(5)));
+/// // Already due: no wait.
+/// assert_eq!(due.until(now), Duration::ZERO);
+/// // A hostile `x-retry-due-at` cannot overflow it.
+/// assert_eq!(Timestamp::from_millis(i64::MAX).saturating_add(Duration::MAX).as_millis(), i64::MAX);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(i64);
 

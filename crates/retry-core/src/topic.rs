@@ -7,6 +7,15 @@ pub const MAX_TOPIC_NAME_BYTES: usize = 249;
 
 /// A topic name that obeys Kafka's rules: 1 to 249 characters from
 /// `[a-zA-Z0-9._-]`, and neither `.` nor `..`.
+///
+/// ```
+/// use retry_core::TopicName;
+///
+/// let topic = TopicName::new("orders.confirmed").unwrap();
+/// assert_eq!(topic.as_str(), "orders.confirmed");
+/// assert!(TopicName::new("orders confirmed").is_err());
+/// assert!(TopicName::new("x".repeat(250)).is_err());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TopicName(String);
 

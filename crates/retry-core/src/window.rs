@@ -17,6 +17,17 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use crate::{Error, Result};
 
 /// How records without a key are ordered.
+///
+/// ```
+/// use retry_core::{InFlightWindow, NullKeys, WindowConfig};
+///
+/// for (null_keys, ready) in [(NullKeys::Ordered, vec![0]), (NullKeys::Unordered, vec![0, 1])] {
+///     let mut window = InFlightWindow::new(WindowConfig::new(8, null_keys).unwrap(), 0);
+///     window.admit(0, None).unwrap();
+///     window.admit(1, None).unwrap();
+///     assert_eq!(window.start_ready(), ready, "{null_keys:?}");
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NullKeys {
     /// One after another in offset order, as if they shared a key.
@@ -27,6 +38,16 @@ pub enum NullKeys {
 }
 
 /// The window's settings; [`WindowConfig::new`] checks them.
+///
+/// ```
+/// use retry_core::{NullKeys, WindowConfig};
+///
+/// let config = WindowConfig::new(16, NullKeys::Unordered).unwrap();
+/// assert_eq!((config.max_in_flight(), config.null_keys()), (16, NullKeys::Unordered));
+/// assert_eq!(WindowConfig::default().max_in_flight(), 64);
+/// assert!(WindowConfig::new(0, NullKeys::Ordered).is_err());
+/// assert!(WindowConfig::new(WindowConfig::MAX_IN_FLIGHT + 1, NullKeys::Ordered).is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowConfig {
     max_in_flight: usize,
@@ -92,6 +113,24 @@ struct Entry {
 }
 
 /// One partition's window (see the module documentation).
+///
+/// ```
+/// use retry_core::{InFlightWindow, WindowConfig};
+///
+/// let mut window = InFlightWindow::new(WindowConfig::default(), 100);
+/// for (offset, key) in [(100, "a"), (101, "a"), (102, "b")] {
+///     window.admit(offset, Some(key.as_bytes())).unwrap();
+/// }
+/// // 101 waits behind 100, which has the same key; 102 has a key of its own.
+/// assert_eq!(window.start_ready(), [100, 102]);
+/// // 100 goes to a retry topic: its key is free at once, but the partition is
+/// // committed past it only once the broker acknowledges the republication.
+/// window.release(100).unwrap();
+/// assert_eq!(window.start_ready(), [101]);
+/// assert_eq!(window.finish(102).unwrap(), None);
+/// assert_eq!(window.finish(100).unwrap(), Some(101));
+/// assert_eq!(window.finish(101).unwrap(), Some(103));
+/// ```
 #[derive(Debug)]
 pub struct InFlightWindow {
     config: WindowConfig,
