@@ -69,6 +69,18 @@ struct Args {
     /// billing-bin's BILLING_MAX_IN_FLIGHT (its default when not given).
     #[arg(long)]
     max_in_flight: Option<usize>,
+    /// How long the provider is down (every call answered 503) in the
+    /// middle of the run, for the outage brake to engage and release; 0s
+    /// for no outage.
+    #[arg(long, default_value = "20s", value_parser = retry_core::parse_duration)]
+    outage: Duration,
+    /// When the outage begins, from the service's start.
+    #[arg(long, default_value = "2s", value_parser = retry_core::parse_duration)]
+    outage_at: Duration,
+    /// billing-bin's BILLING_BRAKE: `on` (its default) or `off`, to see the
+    /// outage fill the dead-letter topic instead.
+    #[arg(long, default_value = "on")]
+    brake: String,
 }
 
 /// Partitions of every topic of the ladder.
@@ -126,6 +138,10 @@ async fn main() -> ExitCode {
     println!("seed {seed} (replay with `cargo xtask demo --seed {seed}`)");
     println!("fake billing provider at {}: {faults:?}", provider.url());
 
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "127.0.0.1:18080".into());
     let env: Vec<(&str, String)> = vec![
         ("KAFKA_BROKERS", brokers.clone()),
         ("BILLING_TOPIC", source.clone()),
@@ -133,7 +149,14 @@ async fn main() -> ExitCode {
         ("RETRY_SCHEDULE", RETRY_SCHEDULE.into()),
         ("BILLING_PROVIDER_URL", provider.url()),
         ("BILLING_PROVIDER_TIMEOUT", PROVIDER_TIMEOUT.into()),
-        ("ADMIN_LISTEN", "127.0.0.1:0".into()),
+        ("ADMIN_LISTEN", admin.clone()),
+        ("BILLING_BRAKE", args.brake.clone()),
+        // A demo's worth of calls: the brake engages on fewer of them,
+        // sooner, and probes more often than the defaults do.
+        ("BILLING_BRAKE_WINDOW", "10s".into()),
+        ("BILLING_BRAKE_MIN_CALLS", "10".into()),
+        ("BILLING_BRAKE_PROBE_PAUSE", "1s".into()),
+        ("BILLING_BRAKE_PROBE_PAUSE_MAX", "4s".into()),
     ];
     let mut env = env;
     if let Some(max_in_flight) = args.max_in_flight {
@@ -162,8 +185,23 @@ async fn main() -> ExitCode {
     let mut accounted_since = None;
     let mut first_charge: Option<Instant> = None;
     let mut all_accounted: Option<Instant> = None;
+    let outage = (args.outage > Duration::ZERO).then(|| (args.outage_at, args.outage_at + args.outage));
+    let mut down = false;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Some((begins, ends)) = outage {
+            let now = started.elapsed();
+            if !down && now >= begins && now < ends {
+                down = true;
+                provider.set_down(true);
+                println!("provider outage: every call answered 503 for {:?}", args.outage);
+            } else if down && now >= ends {
+                down = false;
+                provider.set_down(false);
+                println!("provider back");
+            }
+        }
+        let brake = brake_state(&admin, &source).await;
         let progress = ladder.progress().await;
         let ledger = provider.ledger();
         let accounted = events.iter().filter(|e| e.accounted(&ledger, &ladder.dead_letters)).count();
@@ -174,11 +212,12 @@ async fn main() -> ExitCode {
             all_accounted.get_or_insert_with(Instant::now);
         }
         println!(
-            "[{:>4}s] accounted {accounted}/{} | charged {} | {} | provider {}",
+            "[{:>4}s] accounted {accounted}/{} | charged {} | {} | brake {brake} | provider {}{}",
             started.elapsed().as_secs(),
             events.len(),
             ledger.len(),
             progress.describe(),
+            if down { "DOWN " } else { "" },
             statuses(&provider.requests()),
         );
         if let Some(status) = service.exited() {
@@ -755,6 +794,26 @@ fn join_args(cmd: &Command) -> String {
 /// `billing-bin run`, killed if the demo ends without stopping it.
 struct Service {
     child: Child,
+}
+
+/// The outage brake's state, from the service's `/metrics` on `admin`.
+async fn brake_state(admin: &str, topic: &str) -> &'static str {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut stream = tokio::net::TcpStream::connect(admin).await.ok()?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: demo\r\n\r\n").await.ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.ok()?;
+        let sample = format!(r#"kafka_retry_brake_state{{topic="{topic}"}} "#);
+        text.lines().find_map(|l| l.strip_prefix(&sample)?.trim().parse::<i64>().ok())
+    };
+    match tokio::time::timeout(Duration::from_secs(1), read).await {
+        Ok(Some(0)) => "running",
+        Ok(Some(1)) => "probing",
+        Ok(Some(2)) => "PAUSED",
+        Ok(Some(_)) => "?",
+        Ok(None) | Err(_) => "off",
+    }
 }
 
 impl Service {

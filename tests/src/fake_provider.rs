@@ -212,7 +212,12 @@ impl FakeProvider {
         }
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared { faults, books: Mutex::default(), shutdown: watch::Sender::new(false) });
+        let shared = Arc::new(Shared {
+            faults,
+            books: Mutex::default(),
+            down: Default::default(),
+            shutdown: watch::Sender::new(false),
+        });
         let router = Router::new()
             .route("/charges", post(charge))
             .route("/charges/{key}", get(charge_status))
@@ -253,6 +258,12 @@ impl FakeProvider {
         self.shared.books().scripts.insert(order_id.to_owned(), script);
     }
 
+    /// Starts (`true`) or ends an outage: meanwhile every request, charges
+    /// and confirmations alike, is answered 503 and nothing is charged.
+    pub fn set_down(&self, down: bool) {
+        self.shared.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Every completed charge, in the order they were made.
     pub fn ledger(&self) -> Vec<Charge> {
         self.shared.books().ledger()
@@ -289,11 +300,17 @@ impl Drop for FakeProvider {
 struct Shared {
     faults: Faults,
     books: Mutex<Books>,
+    /// While true, an outage: every request is answered 503 and nothing is charged.
+    down: std::sync::atomic::AtomicBool,
     /// Turns true once the provider stops; delayed answers give up then.
     shutdown: watch::Sender<bool>,
 }
 
 impl Shared {
+    fn is_down(&self) -> bool {
+        self.down.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn books(&self) -> std::sync::MutexGuard<'_, Books> {
         // A handler that panicked mid-update left nothing half-done worth refusing to read.
         self.books.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -442,6 +459,10 @@ async fn charge(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
 /// Books the charge (or not) and says how to answer and how long to wait first.
 fn decide(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> (Answer, Duration) {
     let mut books = shared.books();
+    if shared.is_down() {
+        *books.statuses.entry(503).or_default() += 1;
+        return (refuse(StatusCode::SERVICE_UNAVAILABLE, "the provider is down"), shared.faults.latency);
+    }
     let (answer, delay) = book(&mut books, &shared.faults, headers, body)
         .unwrap_or_else(|(status, message)| (refuse(status, &message), Duration::ZERO));
     *books.statuses.entry(answer.0.as_u16()).or_default() += 1;
@@ -523,6 +544,9 @@ fn book(
 
 /// `GET /charges/{key}`: the charge under `key`, as the contract has it.
 async fn charge_status(State(shared): State<Arc<Shared>>, Path(key): Path<String>) -> Answer {
+    if shared.is_down() {
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, "the provider is down");
+    }
     let books = shared.books();
     let now = Instant::now();
     match books.remembered(&key, shared.faults.key_ttl, now) {

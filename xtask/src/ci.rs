@@ -108,6 +108,9 @@ const DROPS_COMMIT_METADATA: &str = "drops_commit_metadata";
 /// The suite's slowest test, left out of the secured passes to keep CI short.
 const SLOWEST: &str = "billing::a_kill_mid_stream_charges_every_event_exactly_once";
 
+/// The provider outage (a minute long), left out of the secured passes too.
+const OUTAGE: &str = "billing::an_outage_of_the_provider";
+
 /// Tests whose name contains this need a broker that requires SASL.
 const SASL_ONLY: &str = "sasl_only";
 
@@ -287,12 +290,13 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
         // Every client of the suite uses these (ours, rskafka, billing-bin,
         // the interop client).
         eprintln!(
-            "integration: the suite through {} ({}); {SLOWEST} is left out (crash recovery, the suite's slowest, \
-             has nothing to do with security and runs on the other brokers)",
+            "integration: the suite through {} ({}); {SLOWEST} and {OUTAGE}* are left out (crash recovery and a \
+             provider outage, the suite's slowest, have nothing to do with security and run on the other brokers)",
             target.kind.security_protocol(),
             target.kind.name()
         );
         skips.push(SLOWEST);
+        skips.push(OUTAGE);
     }
 
     // Faults (injected by the mock, or connections cut by the TLS

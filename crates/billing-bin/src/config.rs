@@ -32,7 +32,7 @@ pub(crate) struct Cli {
 #[derive(Subcommand)]
 pub(crate) enum Command {
     /// Consume, charge, retry (the default).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Create or check the topics of the retry ladder.
     Topics {
         #[command(subcommand)]
@@ -271,6 +271,34 @@ pub(crate) struct RunArgs {
     /// How often the dead-letter backlog gauge is measured.
     #[arg(long, env = "DLQ_POLL_INTERVAL", default_value = "15s", value_parser = parse_duration)]
     pub(crate) dlq_poll_interval: Duration,
+    /// The outage brake: `on` or `off`. When most charges fail transiently,
+    /// events wait instead of moving down the ladder, and the provider is
+    /// probed one event at a time until it answers again.
+    #[arg(long, env = "BILLING_BRAKE", default_value = "on")]
+    pub(crate) brake: String,
+    /// The brake's sliding window of charge outcomes.
+    #[arg(long, env = "BILLING_BRAKE_WINDOW", default_value = "30s", value_parser = parse_duration)]
+    pub(crate) brake_window: Duration,
+    /// The share of transient failures in the window that engages the brake, in percent.
+    #[arg(long, env = "BILLING_BRAKE_FAILURE_RATE", default_value_t = 50)]
+    pub(crate) brake_failure_rate: u8,
+    /// The fewest charges in the window that may engage the brake; as many
+    /// transient failures in a row engage it at once.
+    #[arg(long, env = "BILLING_BRAKE_MIN_CALLS", default_value_t = 20)]
+    pub(crate) brake_min_calls: u32,
+    /// The pause before the first probe; it doubles after each failed probe...
+    #[arg(long, env = "BILLING_BRAKE_PROBE_PAUSE", default_value = "5s", value_parser = parse_duration)]
+    pub(crate) brake_probe_pause: Duration,
+    /// ...up to this.
+    #[arg(long, env = "BILLING_BRAKE_PROBE_PAUSE_MAX", default_value = "1m", value_parser = parse_duration)]
+    pub(crate) brake_probe_pause_max: Duration,
+    /// Successful probes in a row that release the brake.
+    #[arg(long, env = "BILLING_BRAKE_RESUME_AFTER", default_value_t = 3)]
+    pub(crate) brake_resume_after: u32,
+    /// How long, at most, events whose retries ran out wait for the brake
+    /// instead of being dead-lettered (after it, they are, and the alert fires).
+    #[arg(long, env = "BILLING_BRAKE_MAX", default_value = "30m", value_parser = parse_duration)]
+    pub(crate) brake_max: Duration,
 }
 
 impl RunArgs {
@@ -281,6 +309,31 @@ impl RunArgs {
     pub(crate) fn window(&self) -> Result<retry_core::WindowConfig, Failure> {
         retry_core::WindowConfig::new(self.max_in_flight, retry_core::NullKeys::Ordered)
             .map_err(|e| Failure::Config(format!("BILLING_MAX_IN_FLIGHT: {e}")))
+    }
+
+    /// The outage brake's settings; `None` when it is off.
+    pub(crate) fn brake(&self) -> Result<Option<retry_core::BrakeConfig>, Failure> {
+        match self.brake.trim() {
+            "off" => return Ok(None),
+            "on" => {}
+            other => return Err(Failure::Config(format!("BILLING_BRAKE is {other:?}: expected on or off"))),
+        }
+        fn config(setting: &'static str) -> impl Fn(retry_core::Error) -> Failure {
+            move |e| Failure::Config(format!("{setting}: {e}"))
+        }
+        let pauses = retry_core::BackoffConfig::new(self.brake_probe_pause, self.brake_probe_pause_max)
+            .map_err(config("BILLING_BRAKE_PROBE_PAUSE and BILLING_BRAKE_PROBE_PAUSE_MAX"))?;
+        let brake = retry_core::BrakeConfig::default()
+            .with_window(self.brake_window)
+            .map_err(config("BILLING_BRAKE_WINDOW"))?
+            .with_threshold(self.brake_failure_rate, self.brake_min_calls)
+            .map_err(config("BILLING_BRAKE_FAILURE_RATE and BILLING_BRAKE_MIN_CALLS"))?
+            .with_probe_pauses(pauses)
+            .with_resume_after(self.brake_resume_after)
+            .map_err(config("BILLING_BRAKE_RESUME_AFTER"))?
+            .with_max_engaged(self.brake_max)
+            .map_err(config("BILLING_BRAKE_MAX"))?;
+        Ok(Some(brake))
     }
 
     /// The limits of both HTTP listeners.

@@ -89,6 +89,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let rules = args.charge_rules()?;
     let idempotency_window = args.idempotency_window()?;
     let window = args.window()?;
+    let brake = args.brake()?;
     let limits = args.http_limits()?;
     let token = args.admin_token()?;
     let connection = kafka.connection()?;
@@ -125,6 +126,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     config.handler_timeout = args.provider_timeout + args.provider_timeout / 2;
     config.dlq_poll_interval = args.dlq_poll_interval;
     config.window = window;
+    config.brake = brake;
     let groups: Vec<(String, String)> = config
         .groups()
         .consumed(config.policy().topology())

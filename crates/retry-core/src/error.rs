@@ -58,6 +58,9 @@ pub enum Error {
     /// An in-flight window was misconfigured or misused.
     #[error("in-flight window: {0}")]
     InvalidWindow(String),
+    /// An outage brake setting was rejected.
+    #[error("invalid brake: {0}")]
+    InvalidBrake(String),
     /// A backoff schedule was rejected.
     #[error("invalid backoff: {0}")]
     InvalidBackoff(String),

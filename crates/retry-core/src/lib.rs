@@ -25,6 +25,9 @@
 //! - [`HandlerError`], [`FailureKind`], [`classify_http_status`]: what is worth retrying.
 //! - [`BackoffConfig`], [`Backoff`]: the pauses between attempts retried in
 //!   place (reconnecting, publishing again, rejoining), with injected jitter.
+//! - [`Brake`], [`BrakeConfig`]: the outage brake, which stops feeding the
+//!   ladder while most calls fail transiently, and holds exhausted records
+//!   back from the dead-letter topic meanwhile.
 //! - [`InFlightWindow`]: which records of a partition may be handled
 //!   concurrently (per-key order) and how far the partition may be committed.
 //! - [`RetryPolicy`]: the decision function, the due time of a retry record,
@@ -60,6 +63,7 @@
 //! ```
 
 mod backoff;
+mod brake;
 mod decision;
 mod error;
 mod failure;
@@ -74,6 +78,7 @@ mod topic;
 mod window;
 
 pub use backoff::{Backoff, BackoffConfig};
+pub use brake::{Brake, BrakeChange, BrakeConfig, BrakeState, Permit};
 pub use decision::{Decision, PolicyConfig, RecordMeta, RetryPolicy, Stage};
 pub use error::{Error, HeaderProblem, Result};
 pub use failure::{classify_http_status, FailureKind, HandlerError};

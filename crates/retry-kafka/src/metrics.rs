@@ -15,6 +15,8 @@
 //! | `kafka_retry_consumer_lag` | `topic`, `partition` | high watermark minus the position |
 //! | `kafka_retry_dlq_backlog` | `topic` | dead-letter records not yet replayed or acknowledged |
 //! | `kafka_retry_partition_stalled` | `topic`, `partition` | 1 while the partition's republications keep failing (the broker refuses them), else 0 |
+//! | `kafka_retry_brake_state` | `topic` (the source) | the outage brake: 0 running, 1 probing, 2 paused (absent when the brake is off) |
+//! | `kafka_retry_brake_engagements_total` | `topic` (the source) | how often the brake engaged |
 
 use std::time::Duration;
 
@@ -49,6 +51,8 @@ pub(crate) struct Metrics {
     consumer_lag: Family<Labels, Gauge>,
     dlq_backlog: Family<Labels, Gauge>,
     stalled: Family<Labels, Gauge>,
+    brake_state: Family<Labels, Gauge>,
+    brake_engagements: Family<Labels, Counter>,
     stats: Arc<ListenerStats>,
 }
 
@@ -123,6 +127,8 @@ impl Metrics {
             consumer_lag: Family::default(),
             dlq_backlog: Family::default(),
             stalled: Family::default(),
+            brake_state: Family::default(),
+            brake_engagements: Family::default(),
             stats,
         }
     }
@@ -168,6 +174,16 @@ impl Metrics {
             "kafka_retry_partition_stalled",
             "1 while a partition cannot publish its retries or dead letters",
             self.stalled.clone(),
+        );
+        r.register(
+            "kafka_retry_brake_state",
+            "The outage brake: 0 running, 1 probing one record at a time, 2 paused",
+            self.brake_state.clone(),
+        );
+        r.register(
+            "kafka_retry_brake_engagements",
+            "How often the outage brake engaged",
+            self.brake_engagements.clone(),
         );
     }
 
@@ -221,6 +237,15 @@ impl Metrics {
         self.stalled
             .get_or_create(&vec![("topic", t.to_owned()), ("partition", partition.to_string())])
             .set(i64::from(stalled));
+    }
+
+    pub(crate) fn brake_state(&self, t: &str, state: retry_core::BrakeState) {
+        self.brake_state.get_or_create(&topic(t)).set(state.gauge());
+    }
+
+    pub(crate) fn brake_engaged(&self, t: &str) {
+        self.count(|s| &s.brake_engagements);
+        self.brake_engagements.get_or_create(&topic(t)).inc();
     }
 
     pub(crate) fn dlq_backlog(&self, t: &str, backlog: i64) {

@@ -22,6 +22,8 @@ pub struct ListenerStats {
     pub(crate) fallback_fetches: AtomicU64,
     pub(crate) undecodable_fetches: AtomicU64,
     pub(crate) null_headers_dropped: AtomicU64,
+    pub(crate) brake_engagements: AtomicU64,
+    pub(crate) held_by_brake: AtomicU64,
 }
 
 /// A copy of [`ListenerStats`] at one moment.
@@ -63,6 +65,11 @@ pub struct StatsSnapshot {
     pub undecodable_fetches: u64,
     /// Records whose null header values were dropped.
     pub null_headers_dropped: u64,
+    /// How often the outage brake engaged.
+    pub brake_engagements: u64,
+    /// Times a record that exhausted the ladder was held back from the
+    /// dead-letter topic because the brake was engaged (it ran again later).
+    pub held_by_brake: u64,
 }
 
 impl ListenerStats {
@@ -85,6 +92,8 @@ impl ListenerStats {
             fallback_fetches: self.fallback_fetches.load(Relaxed),
             undecodable_fetches: self.undecodable_fetches.load(Relaxed),
             null_headers_dropped: self.null_headers_dropped.load(Relaxed),
+            brake_engagements: self.brake_engagements.load(Relaxed),
+            held_by_brake: self.held_by_brake.load(Relaxed),
         }
     }
 }

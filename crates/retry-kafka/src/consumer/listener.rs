@@ -11,7 +11,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    admin::dlq::BacklogMonitor, consumer::member::Member, metrics::Metrics, publisher::Publisher, stats::ListenerStats,
+    admin::dlq::BacklogMonitor,
+    consumer::{brake::SharedBrake, member::Member},
+    metrics::Metrics,
+    publisher::Publisher,
+    stats::ListenerStats,
     ConnectionConfig, DeadLetterAdmin, Error, RecordHandler, Result, TopicPlan,
 };
 
@@ -89,6 +93,13 @@ pub struct ListenerConfig {
     /// concurrently, and the partition is committed only up to its lowest
     /// unfinished record (see [`retry_core::InFlightWindow`]).
     pub window: retry_core::WindowConfig,
+    /// The outage brake (off by default): when most handler calls fail
+    /// transiently, records wait instead of moving down the ladder, the
+    /// downstream is probed one record at a time, and records that
+    /// exhausted the ladder are held back from the dead-letter topic for at
+    /// most [`BrakeConfig::max_engaged`](retry_core::BrakeConfig::max_engaged).
+    /// See [`retry_core::Brake`].
+    pub brake: Option<retry_core::BrakeConfig>,
 }
 
 impl ListenerConfig {
@@ -124,6 +135,7 @@ impl ListenerConfig {
             dlq_poll_interval: Duration::from_secs(15),
             partition_check_interval: Duration::from_secs(30),
             window: retry_core::WindowConfig::default(),
+            brake: None,
         })
     }
 
@@ -174,6 +186,8 @@ pub(crate) struct Shared<H> {
     pub(crate) members_joined: std::sync::atomic::AtomicUsize,
     /// How many partitions cannot publish (see `publish_stall_after`).
     pub(crate) stalled: Arc<std::sync::atomic::AtomicUsize>,
+    /// The listener's outage brake, shared by every worker.
+    pub(crate) brake: SharedBrake,
 }
 
 /// A running listener. Dropping it stops nothing: call
@@ -221,6 +235,7 @@ impl Listener {
             handler,
             members_joined: Default::default(),
             stalled: Default::default(),
+            brake: SharedBrake::new(config.brake, metrics.clone(), config.policy.topology().source_topic().as_str()),
             metrics: metrics.clone(),
             config,
         });

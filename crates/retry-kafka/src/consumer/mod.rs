@@ -6,6 +6,7 @@
 //! offsets to the committer (`commit`). Where a partition starts and
 //! whether a doubted position stands is decided in `position`, purely.
 
+pub(crate) mod brake;
 pub(crate) mod commit;
 pub(crate) mod listener;
 pub(crate) mod member;

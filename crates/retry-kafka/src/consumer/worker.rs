@@ -28,6 +28,9 @@ use crate::{
     ConsumedRecord, Error, RecordHandler, TopicPartition,
 };
 
+/// How often a partition whose window is full measures its lag.
+const LAG_WHILE_FULL: Duration = Duration::from_secs(2);
+
 /// How a worker is told to stop: `stop` ends fetching and waiting at once;
 /// `abandon` (fired after the grace period) also gives up on the record in
 /// flight, which is then redelivered to the partition's next owner.
@@ -414,7 +417,7 @@ impl<H: RecordHandler> Worker<H> {
             if record.offset < *offset {
                 continue; // the batch began before our position
             }
-            if !self.make_room(in_flight).await {
+            if !self.make_room(in_flight, *offset).await {
                 return false;
             }
             in_flight.window.admit(record.offset, record.key.as_deref()).expect("fetched offsets increase");
@@ -422,22 +425,49 @@ impl<H: RecordHandler> Worker<H> {
             in_flight.admitted.insert(record.offset, record);
             self.start_ready(in_flight);
         }
-        self.make_room(in_flight).await
+        self.make_room(in_flight, *offset).await
     }
 
     /// Handles the ends of records until the window has room. False when
-    /// the worker must stop.
-    async fn make_room<'a>(&'a self, in_flight: &mut InFlight<'a>) -> bool {
+    /// the worker must stop. While it waits, no fetch tells how far behind
+    /// the partition is (records wait for the brake, or for a slow
+    /// handler): the lag gauge is measured from `position` now and then.
+    async fn make_room<'a>(&'a self, in_flight: &mut InFlight<'a>, position: i64) -> bool {
+        let mut measure_at = tokio::time::Instant::now() + LAG_WHILE_FULL;
         while in_flight.window.room() == 0 {
             if self.signals.stop.is_cancelled() || !in_flight.busy() {
                 return false;
             }
-            let event = in_flight.next_event().await;
+            let event = tokio::select! {
+                event = in_flight.next_event() => event,
+                () = async {
+                    tokio::time::sleep_until(measure_at).await;
+                    self.measure_lag(position).await;
+                } => {
+                    measure_at = tokio::time::Instant::now() + LAG_WHILE_FULL;
+                    continue;
+                }
+            };
             if !self.settle(in_flight, event) {
                 return false;
             }
         }
         !self.signals.stop.is_cancelled()
+    }
+
+    /// Sets the lag gauge from the partition's end; a failure leaves it as
+    /// it was (it is a gauge, the next measure will tell).
+    async fn measure_lag(&self, position: i64) {
+        let TopicPartition { topic, partition } = &self.tp;
+        let timeout = self.shared.cluster.request_timeout();
+        let Ok(client) = self.shared.cluster.partition_client(topic, *partition, UnknownTopicHandling::Error).await
+        else {
+            return;
+        };
+        let what = || format!("reading the end of {topic}/{partition}");
+        if let Ok(end) = deadline(timeout, what, client.get_offset(OffsetAt::Latest)).await {
+            self.shared.metrics.lag(topic, *partition, end - position);
+        }
     }
 
     /// Starts the records the window lets start, unless the worker stops.
@@ -676,9 +706,23 @@ impl<H: RecordHandler> Worker<H> {
             timestamp,
             attempt: self.stage.attempt(),
         };
-        let Some(outcome) = self.run_handler(consumed).await else { return Processed::Abandoned };
-        let now = Timestamp::from(std::time::SystemTime::now());
-        let decision = policy.decide(self.stage, &meta, &outcome, now);
+        // The outage brake may hold the record back before its call, and
+        // after it, instead of dead-lettering it: then it runs again later.
+        let (outcome, now, decision) = loop {
+            let Some(run) = shared.brake.admit(&self.signals.stop).await else { return Processed::Left };
+            let Some(outcome) = self.run_handler(consumed.clone()).await else {
+                shared.brake.abandoned(run);
+                return Processed::Abandoned;
+            };
+            shared.brake.finished(&outcome, run);
+            let now = Timestamp::from(std::time::SystemTime::now());
+            let decision = policy.decide(self.stage, &meta, &outcome, now);
+            if !shared.brake.holds(&decision) {
+                break (outcome, now, decision);
+            }
+            shared.metrics.count(|s| &s.held_by_brake);
+            tracing::info!(error = ?outcome.err(), "retries exhausted while the brake is engaged: the record waits to run again instead of being dead-lettered");
+        };
         let (target, headers, dead_letter) = match decision {
             Decision::Commit => {
                 self.metrics.record_done(Outcome::Success, 1);

@@ -1,0 +1,248 @@
+use std::time::Duration;
+
+use super::*;
+use crate::{FailureKind::Permanent, FailureKind::Transient, Headers, TopicName};
+
+fn at(ms: i64) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
+
+/// Engages at 50 % of at least 4 calls within 10 s; probes after 1 s,
+/// doubling up to 4 s; releases after 2 good probes; holds dead letters 60 s.
+fn config() -> BrakeConfig {
+    BrakeConfig::default()
+        .with_window(Duration::from_secs(10))
+        .unwrap()
+        .with_threshold(50, 4)
+        .unwrap()
+        .with_probe_pauses(BackoffConfig::new(Duration::from_secs(1), Duration::from_secs(4)).unwrap())
+        .with_resume_after(2)
+        .unwrap()
+        .with_max_engaged(Duration::from_secs(60))
+        .unwrap()
+}
+
+/// One step of a scenario.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// At `ms`, a call ended (`None`: success); `true` if it was a probe.
+    End(i64, Option<FailureKind>, bool),
+    /// At `ms`, the transport asks what may start.
+    Ask(i64),
+}
+
+use Step::{Ask, End};
+
+/// What each step answered, one line per step.
+fn run(steps: &[Step]) -> Vec<String> {
+    let mut brake = Brake::new(config(), || 0.0);
+    steps
+        .iter()
+        .map(|step| match *step {
+            End(ms, failure, probe) => {
+                let change = brake.finished(failure, probe, at(ms));
+                format!("{ms}: end {failure:?} probe={probe} -> {change:?}, {:?}", brake.state())
+            }
+            Ask(ms) => format!("{ms}: ask -> {:?}", brake.permit(at(ms))),
+        })
+        .collect()
+}
+
+#[track_caller]
+fn check(steps: &[Step], expected: &[&str]) {
+    assert_eq!(run(steps), expected);
+}
+
+#[test]
+fn engages_at_the_threshold() {
+    check(
+        &[
+            End(0, None, false),
+            End(1, None, false),
+            End(2, Some(Transient), false),
+            Ask(3),
+            End(4, Some(Transient), false),
+            Ask(5),
+        ],
+        &[
+            "0: end None probe=false -> None, Running",
+            "1: end None probe=false -> None, Running",
+            "2: end Some(Transient) probe=false -> None, Running",
+            "3: ask -> Run",
+            "4: end Some(Transient) probe=false -> Some(Engaged { failed: 2, calls: 4 }), Paused",
+            "5: ask -> WaitUntil(Timestamp(1004))",
+        ],
+    );
+}
+
+#[test]
+fn a_run_of_failures_engages_whatever_successes_the_window_holds() {
+    let mut steps: Vec<Step> = (0..10).map(|ms| End(ms, None, false)).collect();
+    steps.extend((10..13).map(|ms| End(ms, Some(Transient), false)));
+    steps.push(End(13, Some(Permanent), false)); // not a success: the run goes on
+    steps.push(End(14, Some(Transient), false));
+    let answers = run(&steps);
+    assert_eq!(answers[12], "12: end Some(Transient) probe=false -> None, Running", "3 in a row, 3 of 13");
+    assert_eq!(answers[14], "14: end Some(Transient) probe=false -> Some(Engaged { failed: 4, calls: 4 }), Paused");
+    // A success breaks the run.
+    let mut steps: Vec<Step> = (0..10).map(|ms| End(ms, None, false)).collect();
+    steps.extend([10, 11, 12].map(|ms| End(ms, Some(Transient), false)));
+    steps.extend([End(13, None, false), End(14, Some(Transient), false)]);
+    assert!(run(&steps).iter().all(|a| a.ends_with("Running")));
+}
+
+#[test]
+fn too_few_calls_never_engage() {
+    check(
+        &[End(0, Some(Transient), false), End(1, Some(Transient), false), End(2, Some(Transient), false), Ask(3)],
+        &[
+            "0: end Some(Transient) probe=false -> None, Running",
+            "1: end Some(Transient) probe=false -> None, Running",
+            "2: end Some(Transient) probe=false -> None, Running",
+            "3: ask -> Run",
+        ],
+    );
+}
+
+#[test]
+fn permanent_failures_never_count() {
+    let mut steps: Vec<Step> = (0..10).map(|ms| End(ms, Some(Permanent), false)).collect();
+    steps.extend([End(10, None, false), End(11, None, false), End(12, Some(Transient), false), Ask(13)]);
+    let answers = run(&steps);
+    assert!(answers.iter().all(|a| a.ends_with("Running") || a.ends_with("Run")), "{answers:#?}");
+}
+
+#[test]
+fn outcomes_leave_the_window_when_it_slides_past_them() {
+    check(
+        &[
+            End(0, Some(Transient), false),
+            End(1, Some(Transient), false),
+            End(2, Some(Transient), false),
+            // 10 s on, the first two are out: 2 calls, too few.
+            End(10_001, None, false),
+            // The third is out at 10 002: 2 calls again.
+            End(10_002, Some(Transient), false),
+            End(10_003, Some(Transient), false),
+            End(10_004, Some(Transient), false),
+        ],
+        &[
+            "0: end Some(Transient) probe=false -> None, Running",
+            "1: end Some(Transient) probe=false -> None, Running",
+            "2: end Some(Transient) probe=false -> None, Running",
+            "10001: end None probe=false -> None, Running",
+            "10002: end Some(Transient) probe=false -> None, Running",
+            "10003: end Some(Transient) probe=false -> None, Running",
+            "10004: end Some(Transient) probe=false -> Some(Engaged { failed: 3, calls: 4 }), Paused",
+        ],
+    );
+}
+
+/// Four transient failures at 0 to 3 ms: engaged at 3 ms, first probe at 1 003.
+fn engaged() -> Vec<Step> {
+    (0..4).map(|ms| End(ms, Some(Transient), false)).collect()
+}
+
+#[test]
+fn probes_one_at_a_time_pausing_longer_after_each_failure_and_releases_after_enough_successes() {
+    let mut steps = engaged();
+    steps.extend([
+        Ask(1_002),
+        Ask(1_003),
+        Ask(1_004),
+        // A call started before the brake engaged ends: it changes nothing.
+        End(1_005, None, false),
+        End(1_006, Some(Transient), true),
+        Ask(1_007),
+        Ask(3_006),
+        End(3_010, Some(Transient), true),
+        Ask(7_010),
+        // A permanent failure says nothing of the downstream: probe again.
+        End(7_011, Some(Permanent), true),
+        Ask(7_012),
+        End(7_013, None, true),
+        Ask(7_014),
+        End(7_015, None, true),
+        Ask(7_016),
+    ]);
+    assert_eq!(
+        run(&steps)[4..],
+        [
+            "1002: ask -> WaitUntil(Timestamp(1003))",
+            "1003: ask -> Probe",
+            "1004: ask -> WaitForProbe",
+            "1005: end None probe=false -> None, Probing",
+            "1006: end Some(Transient) probe=true -> Some(ProbeFailed { until: Timestamp(3006) }), Paused",
+            "1007: ask -> WaitUntil(Timestamp(3006))",
+            "3006: ask -> Probe",
+            "3010: end Some(Transient) probe=true -> Some(ProbeFailed { until: Timestamp(7010) }), Paused",
+            "7010: ask -> Probe",
+            "7011: end Some(Permanent) probe=true -> None, Probing",
+            "7012: ask -> Probe",
+            "7013: end None probe=true -> None, Probing",
+            "7014: ask -> Probe",
+            "7015: end None probe=true -> Some(Released), Running",
+            "7016: ask -> Run",
+        ]
+    );
+}
+
+#[test]
+fn an_abandoned_probe_lets_another_start() {
+    let mut brake = Brake::new(config(), || 0.0);
+    for ms in 0..4 {
+        brake.finished(Some(Transient), false, at(ms));
+    }
+    assert_eq!(brake.engaged_since(), Some(at(3)));
+    assert_eq!(brake.permit(at(1_003)), Permit::Probe);
+    assert_eq!(brake.permit(at(1_004)), Permit::WaitForProbe);
+    brake.probe_abandoned();
+    assert_eq!(brake.permit(at(1_005)), Permit::Probe);
+}
+
+#[test]
+fn pauses_start_over_after_a_release() {
+    let mut steps = engaged();
+    steps.extend([Ask(1_003), End(1_004, None, true), Ask(1_005), End(1_006, None, true)]);
+    steps.extend((0..4).map(|i| End(2_000 + i, Some(Transient), false)));
+    steps.push(Ask(2_004));
+    let answers = run(&steps);
+    assert_eq!(answers.last().unwrap(), "2004: ask -> WaitUntil(Timestamp(3003))", "{answers:#?}");
+}
+
+#[test]
+fn exhausted_records_wait_while_engaged_for_at_most_the_maximum() {
+    let dead_letter = |reason| Decision::DeadLetter {
+        topic: TopicName::new("orders.dlq").unwrap(),
+        reason,
+        headers: Headers::default(),
+    };
+    let exhausted = dead_letter(DeadLetterReason::RetriesExhausted);
+    let mut brake = Brake::new(config(), || 0.0);
+    assert!(!brake.holds(&exhausted, at(0)), "a running brake holds nothing");
+    for ms in 0..4 {
+        brake.finished(Some(Transient), false, at(ms));
+    }
+    for (decision, ms, held) in [
+        (&exhausted, 3, true),
+        (&exhausted, 60_002, true),
+        (&exhausted, 60_003, false),
+        (&dead_letter(DeadLetterReason::PermanentFailure), 10, false),
+        (&dead_letter(DeadLetterReason::CorruptRetryHeaders), 10, false),
+        (&Decision::Commit, 10, false),
+    ] {
+        assert_eq!(brake.holds(decision, at(ms)), held, "{decision:?} at {ms}");
+    }
+}
+
+#[test]
+fn settings_are_checked() {
+    let d = BrakeConfig::default();
+    assert!(d.with_window(Duration::from_millis(999)).is_err());
+    assert!(d.with_threshold(101, 1).is_err());
+    assert!(d.with_threshold(0, 1).is_err());
+    assert!(d.with_threshold(50, 0).is_err());
+    assert!(d.with_resume_after(0).is_err());
+    assert!(d.with_max_engaged(Duration::ZERO).is_err());
+    assert!(d.with_threshold(100, 1).is_ok());
+}

@@ -1,0 +1,122 @@
+//! retry-core's outage brake, shared by every worker of a listener: a
+//! worker asks it before running a record's handler, tells it how the call
+//! ended, and asks it before dead-lettering a record that exhausted the
+//! ladder. The decisions are retry-core's; this only waits and wakes.
+
+use std::sync::Mutex;
+
+use retry_core::{Brake, BrakeChange, BrakeConfig, Decision, HandlerError, Permit, Timestamp};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// retry-core's brake, its probe pauses jittered by a real generator.
+type JitteredBrake = Brake<fn() -> f64>;
+
+/// The brake of one listener, or none when it is off.
+pub(crate) struct SharedBrake {
+    brake: Option<Mutex<JitteredBrake>>,
+    /// Woken on every change of state and at the end of every probe.
+    changed: Notify,
+    metrics: Metrics,
+    /// The listener's source topic, which labels the brake's metrics.
+    topic: String,
+}
+
+/// How a record may run: as usual, or as the one probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Run {
+    Usual,
+    Probe,
+}
+
+fn now() -> Timestamp {
+    Timestamp::from(std::time::SystemTime::now())
+}
+
+impl SharedBrake {
+    pub(crate) fn new(config: Option<BrakeConfig>, metrics: Metrics, topic: &str) -> Self {
+        let brake = config.map(|c| Mutex::new(Brake::new(c, rand::random::<f64> as fn() -> f64)));
+        if brake.is_some() {
+            metrics.brake_state(topic, retry_core::BrakeState::Running);
+        }
+        SharedBrake { brake, changed: Notify::new(), metrics, topic: topic.to_owned() }
+    }
+
+    fn lock(brake: &Mutex<JitteredBrake>) -> std::sync::MutexGuard<'_, JitteredBrake> {
+        brake.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until a record may run; `None` when `stop` came first.
+    pub(crate) async fn admit(&self, stop: &CancellationToken) -> Option<Run> {
+        let Some(brake) = &self.brake else { return Some(Run::Usual) };
+        loop {
+            // Registered before the state is read, so no wake-up is missed.
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            let (permit, state) = {
+                let mut brake = Self::lock(brake);
+                (brake.permit(now()), brake.state())
+            };
+            self.metrics.brake_state(&self.topic, state);
+            let wait = match permit {
+                Permit::Run => return Some(Run::Usual),
+                Permit::Probe => {
+                    tracing::info!(topic = %self.topic, "the brake lets one record through to probe the downstream");
+                    return Some(Run::Probe);
+                }
+                Permit::WaitUntil(until) => now().until(until),
+                // Woken when the probe ends; the pause is a safety net.
+                Permit::WaitForProbe => std::time::Duration::from_secs(1),
+            };
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = changed => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// A handler call ended with `outcome`.
+    pub(crate) fn finished(&self, outcome: &Result<(), HandlerError>, run: Run) {
+        let Some(brake) = &self.brake else { return };
+        let failure = outcome.as_ref().err().map(|e| e.kind());
+        let (change, state) = {
+            let mut brake = Self::lock(brake);
+            (brake.finished(failure, run == Run::Probe, now()), brake.state())
+        };
+        self.metrics.brake_state(&self.topic, state);
+        match change {
+            None => {}
+            Some(BrakeChange::Engaged { failed, calls }) => {
+                self.metrics.brake_engaged(&self.topic);
+                tracing::warn!(topic = %self.topic, failed, calls, "the brake engaged: {failed} of the last {calls} calls failed transiently; records wait instead of moving down the ladder, and the downstream is probed one record at a time");
+            }
+            Some(BrakeChange::ProbeFailed { until }) => {
+                let retry_in_ms = now().until(until).as_millis() as u64;
+                tracing::info!(topic = %self.topic, retry_in_ms, "a probe failed; the brake stays engaged");
+            }
+            Some(BrakeChange::Released) => {
+                tracing::info!(topic = %self.topic, "the brake released: probes succeeded, records run again");
+            }
+        }
+        if run == Run::Probe || change.is_some() {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// A record admitted as the probe will not run to its end.
+    pub(crate) fn abandoned(&self, run: Run) {
+        if let (Some(brake), Run::Probe) = (&self.brake, run) {
+            Self::lock(brake).probe_abandoned();
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Whether `decision` waits for the brake instead of being carried out.
+    pub(crate) fn holds(&self, decision: &Decision) -> bool {
+        self.brake.as_ref().is_some_and(|brake| Self::lock(brake).holds(decision, now()))
+    }
+}
