@@ -157,6 +157,9 @@ async fn main() -> ExitCode {
         ("BILLING_BRAKE_MIN_CALLS", "10".into()),
         ("BILLING_BRAKE_PROBE_PAUSE", "1s".into()),
         ("BILLING_BRAKE_PROBE_PAUSE_MAX", "4s".into()),
+        // Events left after the outage are mostly those the provider fails
+        // on purpose: one good probe is enough here.
+        ("BILLING_BRAKE_RESUME_AFTER", "1".into()),
     ];
     let mut env = env;
     if let Some(max_in_flight) = args.max_in_flight {
@@ -171,9 +174,12 @@ async fn main() -> ExitCode {
 
     let events = Event::generate(args.events as usize, &mut StdRng::seed_from_u64(seed));
     let client = rskafka_client().await;
-    produce(&client, &source, &events).await;
+    // With an outage, half the events come while the provider is down: the
+    // brake judges the provider by first attempts, and needs fresh ones.
+    let first = if args.outage > Duration::ZERO { events.len() / 2 } else { events.len() };
+    produce(&client, &source, &events[..first]).await;
     let invalid = events.iter().filter(|e| !e.case.is_valid()).count();
-    println!("produced {} events to {source} ({invalid} invalid)", events.len());
+    println!("produced {first} of {} events to {source} ({invalid} invalid in all)", events.len());
 
     let log = std::env::temp_dir().join(format!("{group}.billing-bin.log"));
     let mut service = Service::spawn(&billing_bin, &env, &log);
@@ -194,7 +200,12 @@ async fn main() -> ExitCode {
             if !down && now >= begins && now < ends {
                 down = true;
                 provider.set_down(true);
-                println!("provider outage: every call answered 503 for {:?}", args.outage);
+                produce(&client, &source, &events[first..]).await;
+                println!(
+                    "provider outage: every call answered 503 for {:?}; produced the other {} events",
+                    args.outage,
+                    events.len() - first
+                );
             } else if down && now >= ends {
                 down = false;
                 provider.set_down(false);

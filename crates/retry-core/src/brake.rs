@@ -15,8 +15,10 @@
 //! dead-lettered, for at most [`BrakeConfig::max_engaged`].
 //!
 //! Permanent failures never count: a batch of bad events must not stop the
-//! service. Pure: the caller passes `now`, and starts records as
-//! [`Brake::permit`] says.
+//! service. A transport reports the first attempts of records (those of the
+//! source topic) and every probe: records on a retry rung failed before, so
+//! a rung's share of failures says little of the downstream. Pure: the
+//! caller passes `now`, and starts records as [`Brake::permit`] says.
 
 use std::{collections::VecDeque, time::Duration};
 

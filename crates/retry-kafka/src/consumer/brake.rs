@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use retry_core::{Brake, BrakeChange, BrakeConfig, Decision, HandlerError, Permit, Timestamp};
+use retry_core::{Brake, BrakeChange, BrakeConfig, Decision, HandlerError, Permit, Stage, Timestamp};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -79,9 +79,15 @@ impl SharedBrake {
         }
     }
 
-    /// A handler call ended with `outcome`.
-    pub(crate) fn finished(&self, outcome: &Result<(), HandlerError>, run: Run) {
+    /// A handler call of a record read at `stage` ended with `outcome`.
+    /// Only first attempts (and probes) count: records on a rung failed
+    /// before, so a rung's share of failures says little of the downstream
+    /// (a rung holds precisely the records that fail).
+    pub(crate) fn finished(&self, outcome: &Result<(), HandlerError>, run: Run, stage: Stage) {
         let Some(brake) = &self.brake else { return };
+        if run == Run::Usual && stage != Stage::SOURCE {
+            return;
+        }
         let failure = outcome.as_ref().err().map(|e| e.kind());
         let (change, state) = {
             let mut brake = Self::lock(brake);

@@ -714,7 +714,7 @@ impl<H: RecordHandler> Worker<H> {
                 shared.brake.abandoned(run);
                 return Processed::Abandoned;
             };
-            shared.brake.finished(&outcome, run);
+            shared.brake.finished(&outcome, run, self.stage);
             let now = Timestamp::from(std::time::SystemTime::now());
             let decision = policy.decide(self.stage, &meta, &outcome, now);
             if !shared.brake.holds(&decision) {
