@@ -246,3 +246,82 @@ fn settings_are_checked() {
     assert!(d.with_max_engaged(Duration::ZERO).is_err());
     assert!(d.with_threshold(100, 1).is_ok());
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// What a transport may do next, `ms` after the previous step.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Ask(u16),
+        /// A usual call ends: `None` success, `Some(true)` transient, `Some(false)` permanent.
+        End(u16, Option<bool>),
+        /// The probe in flight, if any, ends the same way.
+        EndProbe(u16, Option<bool>),
+        AbandonProbe,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let outcome = prop_oneof![Just(None), Just(Some(true)), Just(Some(false))];
+        prop_oneof![
+            (0u16..3_000).prop_map(Op::Ask),
+            (0u16..3_000, outcome.clone()).prop_map(|(ms, o)| Op::End(ms, o)),
+            (0u16..3_000, outcome).prop_map(|(ms, o)| Op::EndProbe(ms, o)),
+            Just(Op::AbandonProbe),
+        ]
+    }
+
+    fn kind(outcome: Option<bool>) -> Option<FailureKind> {
+        outcome.map(|transient| if transient { Transient } else { Permanent })
+    }
+
+    proptest! {
+        /// Whatever happens, at most one probe is out at a time, a running
+        /// brake permits everything, and only transient failures engage it.
+        #[test]
+        fn one_probe_at_a_time_and_only_transient_failures_engage(ops in prop::collection::vec(op(), 0..200)) {
+            let mut brake = Brake::new(config(), || 0.5);
+            let mut now = at(0);
+            let mut probing = false;
+            let mut transient_seen = false;
+            for op in ops {
+                match op {
+                    Op::Ask(ms) => {
+                        now = now.saturating_add(Duration::from_millis(u64::from(ms)));
+                        let permit = brake.permit(now);
+                        if permit == Permit::Probe {
+                            prop_assert!(!probing, "a second probe while one is out");
+                            probing = true;
+                        }
+                        if brake.state() == BrakeState::Running {
+                            prop_assert_eq!(permit, Permit::Run);
+                        }
+                    }
+                    Op::End(ms, outcome) => {
+                        now = now.saturating_add(Duration::from_millis(u64::from(ms)));
+                        transient_seen |= outcome == Some(true);
+                        brake.finished(kind(outcome), false, now);
+                    }
+                    Op::EndProbe(ms, outcome) if probing => {
+                        now = now.saturating_add(Duration::from_millis(u64::from(ms)));
+                        transient_seen |= outcome == Some(true);
+                        probing = false;
+                        brake.finished(kind(outcome), true, now);
+                    }
+                    Op::EndProbe(..) => {}
+                    Op::AbandonProbe => {
+                        if probing {
+                            brake.probe_abandoned();
+                            probing = false;
+                        }
+                    }
+                }
+                if !transient_seen {
+                    prop_assert_eq!(brake.state(), BrakeState::Running, "engaged without a transient failure");
+                }
+            }
+        }
+    }
+}
