@@ -65,8 +65,9 @@ impl RecordHandler for ReserveStock {
             .map_err(|e| HandlerError::permanent(format!("not an OrderConfirmed event: {e}")))?;
         let safe =
             |id: &str| !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-        if !safe(&order.order_id) {
-            return Err(HandlerError::permanent("order_id must be 1 to 64 letters, digits or dashes"));
+        // Both go into the request (its path, a header): refuse what could not.
+        if !safe(&order.order_id) || !safe(&order.event_id) {
+            return Err(HandlerError::permanent("order_id and event_id must be 1 to 64 letters, digits or dashes"));
         }
         let response = self
             .http
