@@ -180,7 +180,8 @@ impl BrakeState {
 /// use retry_core::{Brake, BrakeChange, BrakeConfig, FailureKind, Timestamp};
 ///
 /// let mut brake = Brake::new(BrakeConfig::default().with_threshold(100, 1).unwrap(), || 0.0);
-/// let change = brake.finished(Some(FailureKind::Transient), false, Timestamp::from_millis(0));
+/// let t = Timestamp::from_millis(0);
+/// let change = brake.finished(Some(FailureKind::Transient), false, t, t);
 /// assert_eq!(change, Some(BrakeChange::Engaged { failed: 1, calls: 1 }));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,7 +225,7 @@ const MAX_SAMPLES: usize = 4096;
 /// let mut brake = Brake::new(config, || 0.0); // no jitter
 /// let t = Timestamp::from_millis(0);
 /// for _ in 0..4 {
-///     brake.finished(Some(FailureKind::Transient), false, t);
+///     brake.finished(Some(FailureKind::Transient), false, t, t);
 /// }
 /// assert_eq!(brake.state(), BrakeState::Paused);
 /// assert_eq!(brake.permit(t), Permit::WaitUntil(t.saturating_add(Duration::from_secs(5))));
@@ -238,8 +239,13 @@ pub struct Brake<R> {
     config: BrakeConfig,
     /// Outcomes in the window, oldest first: (when, failed transiently).
     outcomes: VecDeque<(Timestamp, bool)>,
-    /// Transient failures since the last success.
+    /// Transient failures since the last success, the last at `streak_at`;
+    /// a run older than the window is over.
     streak: u32,
+    streak_at: Timestamp,
+    /// When the brake last engaged or released: calls started before then
+    /// belong to another state and do not count.
+    changed_at: Option<Timestamp>,
     engaged: Engaged,
     pauses: Backoff<R>,
 }
@@ -248,7 +254,15 @@ impl<R: FnMut() -> f64> Brake<R> {
     /// A running brake, drawing the probe pauses' jitter from `random`.
     pub fn new(config: BrakeConfig, random: R) -> Self {
         let pauses = config.probe_pauses.pauses(random);
-        Brake { config, outcomes: VecDeque::new(), streak: 0, engaged: Engaged::No, pauses }
+        Brake {
+            config,
+            outcomes: VecDeque::new(),
+            streak: 0,
+            streak_at: Timestamp::from_millis(0),
+            changed_at: None,
+            engaged: Engaged::No,
+            pauses,
+        }
     }
 
     /// The state now.
@@ -280,10 +294,18 @@ impl<R: FnMut() -> f64> Brake<R> {
         }
     }
 
-    /// A handler call ended: `failure` is `None` on success. `probe` says
-    /// whether it started under [`Permit::Probe`]. Calls that started before
-    /// the brake engaged end under the usual rules and change nothing.
-    pub fn finished(&mut self, failure: Option<FailureKind>, probe: bool, now: Timestamp) -> Option<BrakeChange> {
+    /// A handler call that started at `started` ended at `now`: `failure` is
+    /// `None` on success. `probe` says whether it started under
+    /// [`Permit::Probe`]. Calls that started before the brake last engaged
+    /// or released end under the usual rules and change nothing (a call
+    /// that hung through an outage says nothing of the downstream after it).
+    pub fn finished(
+        &mut self,
+        failure: Option<FailureKind>,
+        probe: bool,
+        started: Timestamp,
+        now: Timestamp,
+    ) -> Option<BrakeChange> {
         if failure == Some(FailureKind::Permanent) {
             if let (true, Engaged::Probing { in_flight, .. }) = (probe, &mut self.engaged) {
                 // Says nothing about the downstream: probe again.
@@ -292,7 +314,9 @@ impl<R: FnMut() -> f64> Brake<R> {
             return None;
         }
         let failed = failure.is_some();
+        let stale = self.changed_at.is_some_and(|changed| started < changed);
         match (&mut self.engaged, probe) {
+            (Engaged::No, false) if stale => None,
             (Engaged::No, _) => self.observe(failed, now),
             (Engaged::Probing { since, in_flight, successes }, true) => {
                 *in_flight = false;
@@ -308,6 +332,7 @@ impl<R: FnMut() -> f64> Brake<R> {
                     self.engaged = Engaged::No;
                     self.outcomes.clear();
                     self.streak = 0;
+                    self.changed_at = Some(now);
                     self.pauses.reset();
                     Some(BrakeChange::Released)
                 }
@@ -324,6 +349,12 @@ impl<R: FnMut() -> f64> Brake<R> {
         }
     }
 
+    /// Until when a record that ran out of retries is held back: the
+    /// engagement plus [`BrakeConfig::max_engaged`]; `None` while running.
+    pub fn holds_until(&self) -> Option<Timestamp> {
+        self.engaged_since().map(|since| since.saturating_add(self.config.max_engaged))
+    }
+
     /// When the brake engaged, if it is engaged.
     pub fn engaged_since(&self) -> Option<Timestamp> {
         match self.engaged {
@@ -333,18 +364,24 @@ impl<R: FnMut() -> f64> Brake<R> {
     }
 
     /// Whether `decision` should wait instead: a record that exhausted the
-    /// ladder while the brake is engaged, for at most
+    /// ladder while the brake is engaged (a `deadline-exceeded` record is
+    /// not: the deadline is the service's own bound), for at most
     /// [`BrakeConfig::max_engaged`] since it engaged. The caller keeps the
     /// record and tries it again when the brake permits.
     pub fn holds(&self, decision: &Decision, now: Timestamp) -> bool {
         let exhausted = matches!(decision, Decision::DeadLetter { reason: DeadLetterReason::RetriesExhausted, .. });
-        let Some(since) = self.engaged_since() else { return false };
-        exhausted && now < since.saturating_add(self.config.max_engaged)
+        exhausted && self.holds_until().is_some_and(|until| now < until)
     }
 
     /// Counts an outcome of a running brake, and engages it past the threshold.
     fn observe(&mut self, failed: bool, now: Timestamp) -> Option<BrakeChange> {
-        self.streak = if failed { self.streak.saturating_add(1) } else { 0 };
+        if !failed || self.streak_at.saturating_add(self.config.window) <= now {
+            self.streak = 0;
+        }
+        if failed {
+            self.streak = self.streak.saturating_add(1);
+            self.streak_at = now;
+        }
         self.outcomes.push_back((now, failed));
         if self.outcomes.len() > MAX_SAMPLES {
             self.outcomes.pop_front();
@@ -366,6 +403,7 @@ impl<R: FnMut() -> f64> Brake<R> {
         self.engaged = Engaged::Paused { since: now, until };
         self.outcomes.clear();
         self.streak = 0;
+        self.changed_at = Some(now);
         Some(BrakeChange::Engaged { failed, calls })
     }
 }

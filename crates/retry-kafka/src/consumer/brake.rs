@@ -31,6 +31,42 @@ pub(crate) enum Run {
     Probe,
 }
 
+/// What [`SharedBrake::admit`] allows.
+#[derive(Debug)]
+pub(crate) enum Admitted<'a> {
+    /// Run the record, as the call started at `started`; report its end
+    /// through the ticket (dropping it unreported frees a probe's slot).
+    Run(Ticket<'a>),
+    /// The record was held back from the dead-letter topic, and the
+    /// brake's maximum time passed first: carry out its decision now.
+    HoldExpired,
+}
+
+/// A record admitted to run. A probe's ticket dropped without
+/// [`SharedBrake::finished`] (the record left, the task panicked) frees
+/// the probe's slot, so the brake never waits for a probe that is gone.
+#[derive(Debug)]
+pub(crate) struct Ticket<'a> {
+    brake: &'a SharedBrake,
+    run: Run,
+    started: Timestamp,
+    reported: bool,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.reported && self.run == Run::Probe {
+            self.brake.abandoned();
+        }
+    }
+}
+
+impl std::fmt::Debug for SharedBrake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBrake").field("topic", &self.topic).field("on", &self.brake.is_some()).finish()
+    }
+}
+
 fn now() -> Timestamp {
     Timestamp::from(std::time::SystemTime::now())
 }
@@ -48,29 +84,39 @@ impl SharedBrake {
         brake.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits until a record may run; `None` when `stop` came first.
-    pub(crate) async fn admit(&self, stop: &CancellationToken) -> Option<Run> {
-        let Some(brake) = &self.brake else { return Some(Run::Usual) };
+    /// Waits until a record may run; `None` when `stop` came first. A held
+    /// record passes `held` and gets [`Admitted::HoldExpired`] once the
+    /// brake may no longer hold it.
+    pub(crate) async fn admit(&self, stop: &CancellationToken, held: bool) -> Option<Admitted<'_>> {
+        let ticket = |run| Admitted::Run(Ticket { brake: self, run, started: now(), reported: false });
+        let Some(brake) = &self.brake else { return Some(ticket(Run::Usual)) };
         loop {
             // Registered before the state is read, so no wake-up is missed.
             let changed = self.changed.notified();
             let mut changed = std::pin::pin!(changed);
             changed.as_mut().enable();
-            let (permit, state) = {
+            let (permit, state, holds_until) = {
                 let mut brake = Self::lock(brake);
-                (brake.permit(now()), brake.state())
+                let holds_until = brake.holds_until();
+                if held && holds_until.is_some_and(|until| until <= now()) {
+                    return Some(Admitted::HoldExpired);
+                }
+                (brake.permit(now()), brake.state(), holds_until)
             };
             self.metrics.brake_state(&self.topic, state);
-            let wait = match permit {
-                Permit::Run => return Some(Run::Usual),
+            let mut wait = match permit {
+                Permit::Run => return Some(ticket(Run::Usual)),
                 Permit::Probe => {
                     tracing::info!(topic = %self.topic, "the brake lets one record through to probe the downstream");
-                    return Some(Run::Probe);
+                    return Some(ticket(Run::Probe));
                 }
                 Permit::WaitUntil(until) => now().until(until),
                 // Woken when the probe ends; the pause is a safety net.
                 Permit::WaitForProbe => std::time::Duration::from_secs(1),
             };
+            if let (true, Some(until)) = (held, holds_until) {
+                wait = wait.min(now().until(until));
+            }
             tokio::select! {
                 _ = stop.cancelled() => return None,
                 _ = changed => {}
@@ -79,11 +125,13 @@ impl SharedBrake {
         }
     }
 
-    /// A handler call of a record read at `stage` ended with `outcome`.
-    /// Only first attempts (and probes) count: records on a rung failed
-    /// before, so a rung's share of failures says little of the downstream
-    /// (a rung holds precisely the records that fail).
-    pub(crate) fn finished(&self, outcome: &Result<(), HandlerError>, run: Run, stage: Stage) {
+    /// The handler call of `ticket`, for a record read at `stage`, ended
+    /// with `outcome`. Only first attempts (and probes) count: records on a
+    /// rung failed before, so a rung's share of failures says little of the
+    /// downstream (a rung holds precisely the records that fail).
+    pub(crate) fn finished(&self, mut ticket: Ticket<'_>, outcome: &Result<(), HandlerError>, stage: Stage) {
+        ticket.reported = true;
+        let run = ticket.run;
         let Some(brake) = &self.brake else { return };
         if run == Run::Usual && stage != Stage::SOURCE {
             return;
@@ -91,7 +139,7 @@ impl SharedBrake {
         let failure = outcome.as_ref().err().map(|e| e.kind());
         let (change, state) = {
             let mut brake = Self::lock(brake);
-            (brake.finished(failure, run == Run::Probe, now()), brake.state())
+            (brake.finished(failure, run == Run::Probe, ticket.started, now()), brake.state())
         };
         self.metrics.brake_state(&self.topic, state);
         match change {
@@ -113,9 +161,9 @@ impl SharedBrake {
         }
     }
 
-    /// A record admitted as the probe will not run to its end.
-    pub(crate) fn abandoned(&self, run: Run) {
-        if let (Some(brake), Run::Probe) = (&self.brake, run) {
+    /// The probe will not run to its end (its ticket was dropped unreported).
+    fn abandoned(&self) {
+        if let Some(brake) = &self.brake {
             Self::lock(brake).probe_abandoned();
             self.changed.notify_waiters();
         }

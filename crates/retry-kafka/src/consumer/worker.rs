@@ -19,6 +19,7 @@ use tracing::Instrument;
 use crate::{
     backoff::pauses,
     cluster::deadline,
+    consumer::brake::Admitted,
     consumer::commit::CommitTracker,
     consumer::listener::{OffsetReset, Shared},
     consumer::position::{self, AfterFetch, Doubt, FetchOutcome, Verdict},
@@ -254,7 +255,7 @@ impl<H: RecordHandler> Worker<H> {
                 let Some(result) = self.unless_stopped(fetch).await else { return };
                 match result {
                     Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
-                        if !self.take_decoded(in_flight, decoded, &mut offset).await {
+                        if !self.take_decoded(in_flight, decoded, &mut offset, &client).await {
                             return;
                         }
                     }
@@ -330,7 +331,7 @@ impl<H: RecordHandler> Worker<H> {
                     undecodable = None;
                     idle.reset();
                     let records = records.into_iter().map(Fetched::from).collect();
-                    if !self.admit(in_flight, records, &mut offset).await {
+                    if !self.admit(in_flight, records, &mut offset, &client).await {
                         return;
                     }
                     self.shared.metrics.lag(&topic, partition, high_watermark - offset);
@@ -353,7 +354,7 @@ impl<H: RecordHandler> Worker<H> {
                             } else {
                                 tracing::debug!(%topic, partition, offset, records = decoded.records.len(), "decoded a batch rskafka could not");
                             }
-                            if !self.take_decoded(in_flight, decoded, &mut offset).await {
+                            if !self.take_decoded(in_flight, decoded, &mut offset, &client).await {
                                 return;
                             }
                         }
@@ -391,10 +392,16 @@ impl<H: RecordHandler> Worker<H> {
     /// Hands what the fallback decoder read to the window, and moves past
     /// the control batches (transaction markers) after its records. False
     /// when the worker must stop.
-    async fn take_decoded<'a>(&'a self, in_flight: &mut InFlight<'a>, decoded: Decoded, offset: &mut i64) -> bool {
+    async fn take_decoded<'a>(
+        &'a self,
+        in_flight: &mut InFlight<'a>,
+        decoded: Decoded,
+        offset: &mut i64,
+        client: &PartitionClient,
+    ) -> bool {
         self.shared.metrics.count(|s| &s.fallback_fetches);
         let next = decoded.next_offset.unwrap_or(*offset);
-        if !decoded.records.is_empty() && !self.admit(in_flight, decoded.records, offset).await {
+        if !decoded.records.is_empty() && !self.admit(in_flight, decoded.records, offset, client).await {
             return false;
         }
         if next > *offset {
@@ -412,12 +419,18 @@ impl<H: RecordHandler> Worker<H> {
     /// batch is admitted and the window has room for more, so the next fetch
     /// overlaps the records still in handling. False when the worker must
     /// stop.
-    async fn admit<'a>(&'a self, in_flight: &mut InFlight<'a>, records: Vec<Fetched>, offset: &mut i64) -> bool {
+    async fn admit<'a>(
+        &'a self,
+        in_flight: &mut InFlight<'a>,
+        records: Vec<Fetched>,
+        offset: &mut i64,
+        client: &PartitionClient,
+    ) -> bool {
         for record in records {
             if record.offset < *offset {
                 continue; // the batch began before our position
             }
-            if !self.make_room(in_flight, *offset).await {
+            if !self.make_room(in_flight, *offset, client).await {
                 return false;
             }
             in_flight.window.admit(record.offset, record.key.as_deref()).expect("fetched offsets increase");
@@ -425,14 +438,14 @@ impl<H: RecordHandler> Worker<H> {
             in_flight.admitted.insert(record.offset, record);
             self.start_ready(in_flight);
         }
-        self.make_room(in_flight, *offset).await
+        self.make_room(in_flight, *offset, client).await
     }
 
     /// Handles the ends of records until the window has room. False when
     /// the worker must stop. While it waits, no fetch tells how far behind
     /// the partition is (records wait for the brake, or for a slow
     /// handler): the lag gauge is measured from `position` now and then.
-    async fn make_room<'a>(&'a self, in_flight: &mut InFlight<'a>, position: i64) -> bool {
+    async fn make_room<'a>(&'a self, in_flight: &mut InFlight<'a>, position: i64, client: &PartitionClient) -> bool {
         let mut measure_at = tokio::time::Instant::now() + LAG_WHILE_FULL;
         while in_flight.window.room() == 0 {
             if self.signals.stop.is_cancelled() || !in_flight.busy() {
@@ -440,11 +453,11 @@ impl<H: RecordHandler> Worker<H> {
             }
             let event = tokio::select! {
                 event = in_flight.next_event() => event,
-                () = async {
-                    tokio::time::sleep_until(measure_at).await;
-                    self.measure_lag(position).await;
-                } => {
+                () = tokio::time::sleep_until(measure_at) => {
+                    // Set first: an event that cuts a measure short waits
+                    // for the next one, instead of starting it again at once.
                     measure_at = tokio::time::Instant::now() + LAG_WHILE_FULL;
+                    self.measure_lag(position, client).await;
                     continue;
                 }
             };
@@ -457,13 +470,9 @@ impl<H: RecordHandler> Worker<H> {
 
     /// Sets the lag gauge from the partition's end; a failure leaves it as
     /// it was (it is a gauge, the next measure will tell).
-    async fn measure_lag(&self, position: i64) {
+    async fn measure_lag(&self, position: i64, client: &PartitionClient) {
         let TopicPartition { topic, partition } = &self.tp;
         let timeout = self.shared.cluster.request_timeout();
-        let Ok(client) = self.shared.cluster.partition_client(topic, *partition, UnknownTopicHandling::Error).await
-        else {
-            return;
-        };
         let what = || format!("reading the end of {topic}/{partition}");
         if let Ok(end) = deadline(timeout, what, client.get_offset(OffsetAt::Latest)).await {
             self.shared.metrics.lag(topic, *partition, end - position);
@@ -708,20 +717,27 @@ impl<H: RecordHandler> Worker<H> {
         };
         // The outage brake may hold the record back before its call, and
         // after it, instead of dead-lettering it: then it runs again later.
+        let mut held = None;
         let (outcome, now, decision) = loop {
-            let Some(run) = shared.brake.admit(&self.signals.stop).await else { return Processed::Left };
-            let Some(outcome) = self.run_handler(consumed.clone()).await else {
-                shared.brake.abandoned(run);
-                return Processed::Abandoned;
+            let ticket = match shared.brake.admit(&self.signals.stop, held.is_some()).await {
+                None => return Processed::Left,
+                Some(Admitted::Run(ticket)) => ticket,
+                Some(Admitted::HoldExpired) => {
+                    tracing::warn!("the brake has been engaged longer than its maximum: the record is dead-lettered");
+                    break held.take().expect("only a held record is told its hold expired");
+                }
             };
-            shared.brake.finished(&outcome, run, self.stage);
+            // Dropping the ticket unreported (abandoned) frees a probe's slot.
+            let Some(outcome) = self.run_handler(consumed.clone()).await else { return Processed::Abandoned };
+            shared.brake.finished(ticket, &outcome, self.stage);
             let now = Timestamp::from(std::time::SystemTime::now());
             let decision = policy.decide(self.stage, &meta, &outcome, now);
             if !shared.brake.holds(&decision) {
                 break (outcome, now, decision);
             }
             shared.metrics.count(|s| &s.held_by_brake);
-            tracing::info!(error = ?outcome.err(), "retries exhausted while the brake is engaged: the record waits to run again instead of being dead-lettered");
+            tracing::info!(error = ?outcome.as_ref().err(), "retries exhausted while the brake is engaged: the record waits to run again instead of being dead-lettered");
+            held = Some((outcome, now, decision));
         };
         let (target, headers, dead_letter) = match decision {
             Decision::Commit => {
