@@ -410,12 +410,11 @@ fn tidy_layers() -> anyhow::Result<()> {
             }
         }
     }
-    if !offenders.is_empty() {
-        offenders.sort();
-        bail!("only crates/retry-kafka/src/protocol/ may name kafka_protocol; these do:\n  {}", offenders.join("\n  "));
-    }
-    eprintln!("tidy: only retry-kafka's protocol/ names kafka_protocol");
-    Ok(())
+    verdict(
+        offenders,
+        "only crates/retry-kafka/src/protocol/ may name kafka_protocol; these do",
+        "only retry-kafka's protocol/ names kafka_protocol",
+    )
 }
 
 /// What retry-core may depend on: a buffer type, an error derive, and what
@@ -493,13 +492,9 @@ fn tidy_transport_free() -> anyhow::Result<()> {
             }
         }
     }
-    if !offenders.is_empty() {
-        offenders.sort();
-        offenders.dedup();
-        bail!("dependencies across the layers:\n  {}", offenders.join("\n  "));
-    }
-    eprintln!("tidy: retry-core does no I/O; {} build without the Kafka transport", TRANSPORT_FREE_CRATES.join(", "));
-    Ok(())
+    let fine =
+        format!("retry-core does no I/O; {} build without the Kafka transport", TRANSPORT_FREE_CRATES.join(", "));
+    verdict(offenders, "dependencies across the layers", &fine)
 }
 
 /// Every public type, trait, function and module of retry-core shows
@@ -540,12 +535,11 @@ fn tidy_core_examples() -> anyhow::Result<()> {
             }
         }
     }
-    if !offenders.is_empty() {
-        offenders.sort();
-        bail!("retry-core items without an example in their documentation:\n  {}", offenders.join("\n  "));
-    }
-    eprintln!("tidy: every public item of retry-core has an example");
-    Ok(())
+    verdict(
+        offenders,
+        "retry-core items without an example in their documentation",
+        "every public item of retry-core has an example",
+    )
 }
 
 /// Ladder names are retry-core's: no other code formats one, so a change
@@ -579,14 +573,11 @@ fn tidy_ladder_names() -> anyhow::Result<()> {
             }
         }
     }
-    if !offenders.is_empty() {
-        bail!(
-            "ladder and group names are retry-core's (RetryTopology, LadderGroups); these lines format one:\n  {}",
-            offenders.join("\n  ")
-        );
-    }
-    eprintln!("tidy: only retry-core formats ladder and group names");
-    Ok(())
+    verdict(
+        offenders,
+        "ladder and group names are retry-core's (RetryTopology, LadderGroups); these lines format one",
+        "only retry-core formats ladder and group names",
+    )
 }
 
 /// The cargo-deny release CI uses; its cache entry is keyed by it.
@@ -612,11 +603,21 @@ fn tidy_dependencies() -> anyhow::Result<()> {
             }
         }
     }
+    verdict(
+        offenders,
+        "dependencies that are not pure Rust",
+        &format!("{} stay pure Rust", PURE_RUST_CRATES.join(", ")),
+    )
+}
+
+/// Fails with `problem` and every offender (sorted, each once), or says
+/// the rule holds.
+fn verdict(mut offenders: Vec<String>, problem: &str, fine: &str) -> anyhow::Result<()> {
     if !offenders.is_empty() {
         offenders.sort();
         offenders.dedup();
-        bail!("dependencies that are not pure Rust:\n  {}", offenders.join("\n  "));
+        bail!("{problem}:\n  {}", offenders.join("\n  "));
     }
-    eprintln!("tidy: {} stay pure Rust", PURE_RUST_CRATES.join(", "));
+    eprintln!("tidy: {fine}");
     Ok(())
 }
