@@ -1,6 +1,6 @@
 //! `cargo xtask integration` and `cargo xtask ci`.
 
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
 use anyhow::{bail, Context};
 
@@ -392,22 +392,10 @@ fn alert_rules() -> anyhow::Result<()> {
 /// one folder.
 fn tidy_layers() -> anyhow::Result<()> {
     let src = workspace_root().join("crates").join("retry-kafka").join("src");
-    let protocol = src.join("protocol");
     let mut offenders = Vec::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                if path != protocol {
-                    stack.push(path);
-                }
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = std::fs::read_to_string(&path)?;
-                if text.contains("kafka_protocol") {
-                    offenders.push(path.strip_prefix(workspace_root()).unwrap_or(&path).display().to_string());
-                }
-            }
+    for (path, text) in rust_files(std::slice::from_ref(&src), &[src.join("protocol")])? {
+        if text.contains("kafka_protocol") {
+            offenders.push(path.strip_prefix(workspace_root()).unwrap_or(&path).display().to_string());
         }
     }
     verdict(
@@ -503,35 +491,24 @@ fn tidy_transport_free() -> anyhow::Result<()> {
 fn tidy_core_examples() -> anyhow::Result<()> {
     let src = workspace_root().join("crates").join("retry-core").join("src");
     let mut offenders = Vec::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                stack.push(path);
+    for (path, text) in rust_files(&[src], &[])? {
+        if path.file_stem().is_some_and(|s| s == "tests") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().take_while(|l| !l.starts_with("#[cfg(test)]")).collect();
+        for (n, line) in lines.iter().enumerate() {
+            let item = ["pub struct ", "pub enum ", "pub trait ", "pub type ", "pub fn ", "pub mod ", "pub const fn "];
+            if !item.iter().any(|i| line.starts_with(i)) {
                 continue;
             }
-            let is_tests = path.file_stem().is_some_and(|s| s == "tests");
-            if is_tests || path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path)?;
-            let lines: Vec<&str> = text.lines().take_while(|l| !l.starts_with("#[cfg(test)]")).collect();
-            for (n, line) in lines.iter().enumerate() {
-                let item =
-                    ["pub struct ", "pub enum ", "pub trait ", "pub type ", "pub fn ", "pub mod ", "pub const fn "];
-                if !item.iter().any(|i| line.starts_with(i)) {
-                    continue;
-                }
-                let doc = lines[..n]
-                    .iter()
-                    .rev()
-                    .take_while(|l| l.starts_with("///") || l.starts_with("#["))
-                    .any(|l| l.starts_with("/// ```"));
-                if !doc {
-                    let shown = path.strip_prefix(workspace_root()).unwrap_or(&path).display().to_string();
-                    offenders.push(format!("{shown}:{}: {}", n + 1, line.trim_end_matches(" {")));
-                }
+            let doc = lines[..n]
+                .iter()
+                .rev()
+                .take_while(|l| l.starts_with("///") || l.starts_with("#["))
+                .any(|l| l.starts_with("/// ```"));
+            if !doc {
+                let shown = path.strip_prefix(workspace_root()).unwrap_or(&path).display().to_string();
+                offenders.push(format!("{shown}:{}: {}", n + 1, line.trim_end_matches(" {")));
             }
         }
     }
@@ -546,30 +523,16 @@ fn tidy_core_examples() -> anyhow::Result<()> {
 /// of naming rule cannot leave a stale copy behind.
 fn tidy_ladder_names() -> anyhow::Result<()> {
     let root = workspace_root();
-    let core = root.join("crates").join("retry-core");
     let mut offenders = Vec::new();
-    let mut stack: Vec<_> =
+    let roots: Vec<_> =
         ["crates", "examples", "tests", "xtask"].iter().map(|d| root.join(d)).filter(|d| d.is_dir()).collect();
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                if path != core && !path.ends_with("target") {
-                    stack.push(path);
-                }
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path)?;
-            for (n, line) in text.lines().enumerate() {
-                let formats = line.contains("format!(") || line.contains("write!(") || line.contains("push_str(");
-                let names = [".retry-{", "}.retry-", "}.dlq\"", ".dlq-operators", ".replay-lock"];
-                if formats && names.iter().any(|name| line.contains(name)) {
-                    let shown = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
-                    offenders.push(format!("{shown}:{}: {}", n + 1, line.trim()));
-                }
+    for (path, text) in rust_files(&roots, &[root.join("crates").join("retry-core")])? {
+        for (n, line) in text.lines().enumerate() {
+            let formats = line.contains("format!(") || line.contains("write!(") || line.contains("push_str(");
+            let names = [".retry-{", "}.retry-", "}.dlq\"", ".dlq-operators", ".replay-lock"];
+            if formats && names.iter().any(|name| line.contains(name)) {
+                let shown = path.strip_prefix(&root).unwrap_or(&path).display().to_string();
+                offenders.push(format!("{shown}:{}: {}", n + 1, line.trim()));
             }
         }
     }
@@ -578,6 +541,27 @@ fn tidy_ladder_names() -> anyhow::Result<()> {
         "ladder and group names are retry-core's (RetryTopology, LadderGroups); these lines format one",
         "only retry-core formats ladder and group names",
     )
+}
+
+/// Every `.rs` file below `roots` with its text, except below `skip` and
+/// `target` folders.
+fn rust_files(roots: &[PathBuf], skip: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, String)>> {
+    let mut files = Vec::new();
+    let mut stack = roots.to_vec();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                if !skip.contains(&path) && !path.ends_with("target") {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+                files.push((path, text));
+            }
+        }
+    }
+    Ok(files)
 }
 
 /// The cargo-deny release CI uses; its cache entry is keyed by it.

@@ -103,10 +103,11 @@ impl SharedBrake {
                 }
                 (brake.permit(now()), brake.state(), holds_until)
             };
-            self.metrics.brake_state(&self.topic, state);
             let mut wait = match permit {
+                // The common case: no gauge to update, the state did not change.
                 Permit::Run => return Some(ticket(Run::Usual)),
                 Permit::Probe => {
+                    self.metrics.brake_state(&self.topic, state);
                     tracing::info!(topic = %self.topic, "the brake lets one record through to probe the downstream");
                     return Some(ticket(Run::Probe));
                 }
@@ -141,7 +142,9 @@ impl SharedBrake {
             let mut brake = Self::lock(brake);
             (brake.finished(failure, run == Run::Probe, ticket.started, now()), brake.state())
         };
-        self.metrics.brake_state(&self.topic, state);
+        if change.is_some() || run == Run::Probe {
+            self.metrics.brake_state(&self.topic, state);
+        }
         match change {
             None => {}
             Some(BrakeChange::Engaged { failed, calls }) => {
@@ -167,6 +170,11 @@ impl SharedBrake {
             Self::lock(brake).probe_abandoned();
             self.changed.notify_waiters();
         }
+    }
+
+    /// Whether the brake is on: only then may a record be held and run again.
+    pub(crate) fn is_on(&self) -> bool {
+        self.brake.is_some()
     }
 
     /// Whether `decision` waits for the brake instead of being carried out.

@@ -705,7 +705,7 @@ impl<H: RecordHandler> Worker<H> {
             return Processed::Left;
         }
 
-        let consumed = ConsumedRecord {
+        let mut consumed = Some(ConsumedRecord {
             topic: topic.clone(),
             partition: *partition,
             offset,
@@ -714,7 +714,7 @@ impl<H: RecordHandler> Worker<H> {
             headers: headers.clone(),
             timestamp,
             attempt: self.stage.attempt(),
-        };
+        });
         // The outage brake may hold the record back before its call, and
         // after it, instead of dead-lettering it: then it runs again later.
         let mut held = None;
@@ -727,8 +727,11 @@ impl<H: RecordHandler> Worker<H> {
                     break held.take().expect("only a held record is told its hold expired");
                 }
             };
+            // A copy only when the brake may hold the record and run it again.
+            let record = if shared.brake.is_on() { consumed.clone() } else { consumed.take() };
+            let record = record.expect("a record runs again only when the brake is on");
             // Dropping the ticket unreported (abandoned) frees a probe's slot.
-            let Some(outcome) = self.run_handler(consumed.clone()).await else { return Processed::Abandoned };
+            let Some(outcome) = self.run_handler(record).await else { return Processed::Abandoned };
             shared.brake.finished(ticket, &outcome, self.stage);
             let now = Timestamp::from(std::time::SystemTime::now());
             let decision = policy.decide(self.stage, &meta, &outcome, now);
