@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 
 use crate::{
     broker::Broker,
-    ci::BROKERS_ENV,
+    env::BROKERS_ENV,
     paths::{cargo, workspace_root},
     process::run,
 };

@@ -1,8 +1,9 @@
-//! The test brokers: tansu (a Kafka-compatible broker in Rust) on loopback,
-//! optionally requiring SASL and behind a TLS terminator (stunnel);
-//! librdkafka's mock cluster (several brokers with fault injection, from the
-//! interop venv's confluent-kafka wheel); or Apache Kafka under Docker where
-//! a Docker engine exists.
+//! The test brokers: Apache Kafka itself (a KRaft cluster from Maven
+//! Central, the reference: see [`crate::kafka`]); tansu (a Kafka-compatible
+//! broker in Rust) on loopback, optionally requiring SASL and behind a TLS
+//! terminator (stunnel); librdkafka's mock cluster (several brokers with
+//! fault injection, from the interop venv's confluent-kafka wheel); or Apache
+//! Kafka under Docker where a Docker engine exists.
 
 use std::{
     fmt::Write as _,
@@ -18,6 +19,11 @@ use std::{
 use anyhow::{bail, Context};
 
 use crate::{
+    env::{
+        BROKERS_ENV, KAFKA_CLUSTER_ENV, MOCK_CONTROL_ENV, REAUTH_BROKERS_ENV, SASL_MECHANISM_ENV, SASL_PASSWORD_ENV,
+        SASL_USERNAME_ENV, SECURITY_PROTOCOL_ENV, SSL_CA_ENV, SSL_CERTIFICATE_ENV, SSL_KEY_ENV, TLS_PROXY_CONFIG_ENV,
+    },
+    kafka,
     paths::{state_dir, workspace_root},
     process,
     tls::{ClientAuth, TlsFiles},
@@ -34,6 +40,17 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 pub(crate) enum Action {
     /// Start the broker (installing tansu on first use) and wait until it answers.
     Up {
+        /// Run Apache Kafka (resolved through Maven on first use, run with
+        /// the machine's Java) instead of tansu: a KRaft cluster of
+        /// `--nodes` brokers and `--controllers` controllers.
+        #[arg(long, conflicts_with_all = ["docker", "mock"])]
+        kafka: bool,
+        /// How many brokers the Kafka cluster has.
+        #[arg(long, default_value_t = 3, requires = "kafka", value_parser = clap::value_parser!(u8).range(1..=9))]
+        nodes: u8,
+        /// How many controllers (KRaft voters) the Kafka cluster has.
+        #[arg(long, default_value_t = 1, requires = "kafka", value_parser = clap::value_parser!(u8).range(1..=5))]
+        controllers: u8,
         /// Run Apache Kafka with `docker compose` (needs a Docker engine) instead of tansu.
         #[arg(long, conflicts_with = "mock")]
         docker: bool,
@@ -44,20 +61,21 @@ pub(crate) enum Action {
         /// How many brokers the mock cluster has.
         #[arg(long, default_value_t = 3, requires = "mock")]
         brokers: u8,
-        /// Run tansu requiring SASL (SCRAM-SHA-512) authentication; it also
-        /// prints the user and password.
+        /// Require SASL (SCRAM-SHA-512) authentication; it also prints the
+        /// user and password.
         #[arg(long, conflicts_with_all = ["docker", "mock"])]
         sasl: bool,
-        /// Put TLS in front of tansu (stunnel, certificates made at start for
-        /// `localhost`); it also prints the CA file. With `--sasl`: SASL_SSL.
+        /// Require TLS (certificates made at start for `localhost`; Kafka's
+        /// own listeners, stunnel in front of tansu); it also prints the CA
+        /// file. With `--sasl`: SASL_SSL.
         #[arg(long, conflicts_with_all = ["docker", "mock"])]
         tls: bool,
         /// Like `--tls`, and require client certificates (mutual TLS); it
         /// also prints the client certificate and key.
         #[arg(long, conflicts_with_all = ["docker", "mock", "sasl"])]
         mtls: bool,
-        /// Port for clients (default: a free ephemeral port).
-        #[arg(long, conflicts_with_all = ["docker", "mock"])]
+        /// Port for tansu's clients (default: a free ephemeral port).
+        #[arg(long, conflicts_with_all = ["docker", "mock", "kafka"])]
         port: Option<u16>,
     },
     /// Stop the broker that `up` started and delete its data.
@@ -68,16 +86,19 @@ pub(crate) enum Action {
 
 pub(crate) fn run(action: Action) -> anyhow::Result<()> {
     match action {
-        Action::Up { docker, mock, brokers, sasl, tls, mtls, port } => {
-            let wanted = match (docker, mock, sasl, tls, mtls) {
-                (true, ..) => Kind::Docker,
-                (_, true, ..) => Kind::Mock,
-                (_, _, _, _, true) => Kind::TansuMtls,
-                (_, _, true, true, _) => Kind::TansuSaslTls,
-                (_, _, true, false, _) => Kind::TansuSasl,
-                (_, _, false, true, _) => Kind::TansuTls,
-                _ => Kind::Tansu,
+        Action::Up { kafka, nodes, controllers, docker, mock, brokers, sasl, tls, mtls, port } => {
+            let implementation = match (kafka, docker, mock) {
+                (true, ..) => Implementation::Kafka,
+                (_, true, _) => Implementation::Docker,
+                (_, _, true) => Implementation::Mock,
+                _ => Implementation::Tansu,
             };
+            let tls = match (tls, mtls) {
+                (_, true) => Some(ClientAuth::Required),
+                (true, false) => Some(ClientAuth::None),
+                (false, false) => None,
+            };
+            let wanted = Kind::plain(implementation).secured(sasl, tls);
             if let Some(broker) = Broker::load()? {
                 if broker.answers() && broker.kind != wanted {
                     bail!(
@@ -95,10 +116,11 @@ pub(crate) fn run(action: Action) -> anyhow::Result<()> {
                 eprintln!("a stale broker record was found; cleaning it up");
                 broker.stop()?;
             }
-            let broker = match wanted {
-                Kind::Docker => Broker::start_docker()?,
-                Kind::Mock => Broker::start_mock(brokers)?,
-                tansu => Broker::start_tansu_kind(tansu, port)?,
+            let broker = match wanted.implementation {
+                Implementation::Docker => Broker::start_docker()?,
+                Implementation::Mock => Broker::start_mock(brokers)?,
+                Implementation::Kafka => Broker::start_kafka(wanted, nodes, controllers)?,
+                Implementation::Tansu => Broker::start_tansu_kind(wanted, port)?,
             };
             broker.save()?;
             println!("broker running at {} ({})", broker.addr, broker.describe());
@@ -134,52 +156,94 @@ pub(crate) fn run(action: Action) -> anyhow::Result<()> {
 }
 
 /// Which implementation of Kafka a broker is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Kind {
-    /// tansu, one broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Implementation {
+    /// tansu, one broker (behind stunnel for TLS).
     Tansu,
-    /// tansu requiring SASL (SCRAM-SHA-512) authentication.
-    TansuSasl,
-    /// tansu behind TLS (SSL).
-    TansuTls,
-    /// tansu behind TLS requiring client certificates (SSL, mutual TLS).
-    TansuMtls,
-    /// tansu requiring SASL (SCRAM-SHA-512) behind TLS (SASL_SSL).
-    TansuSaslTls,
+    /// Apache Kafka, a KRaft cluster of JVMs from Maven Central.
+    Kafka,
     /// librdkafka's mock cluster: several brokers, fault injection.
     Mock,
     /// Apache Kafka under docker compose.
     Docker,
 }
 
-impl Kind {
-    pub(crate) fn name(self) -> &'static str {
+impl Implementation {
+    fn name(self) -> &'static str {
         match self {
-            Kind::Tansu => "tansu",
-            Kind::TansuSasl => "tansu-sasl",
-            Kind::TansuTls => "tansu-tls",
-            Kind::TansuMtls => "tansu-mtls",
-            Kind::TansuSaslTls => "tansu-sasl-tls",
-            Kind::Mock => "mock",
-            Kind::Docker => "docker",
+            Implementation::Tansu => "tansu",
+            Implementation::Kafka => "kafka",
+            Implementation::Mock => "mock",
+            Implementation::Docker => "docker",
         }
     }
+}
 
-    const ALL: [Kind; 7] =
-        [Kind::Tansu, Kind::TansuSasl, Kind::TansuTls, Kind::TansuMtls, Kind::TansuSaslTls, Kind::Mock, Kind::Docker];
+/// A broker: which implementation, and how clients must connect to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Kind {
+    pub(crate) implementation: Implementation,
+    /// Whether clients must authenticate with SASL (SCRAM-SHA-512).
+    sasl: bool,
+    /// Whether clients connect through TLS, and whether they need a certificate.
+    tls: Option<ClientAuth>,
+}
+
+impl Kind {
+    /// A plaintext broker of `implementation`.
+    pub(crate) const fn plain(implementation: Implementation) -> Kind {
+        Kind { implementation, sasl: false, tls: None }
+    }
+
+    /// tansu, plaintext.
+    pub(crate) const TANSU: Kind = Kind::plain(Implementation::Tansu);
+    /// The mock cluster.
+    pub(crate) const MOCK: Kind = Kind::plain(Implementation::Mock);
+
+    /// This implementation, secured as asked.
+    pub(crate) const fn secured(self, sasl: bool, tls: Option<ClientAuth>) -> Kind {
+        Kind { implementation: self.implementation, sasl, tls }
+    }
+
+    /// Its name: the implementation's, then `-sasl`, then `-tls` or `-mtls`.
+    pub(crate) fn name(self) -> String {
+        let mut name = self.implementation.name().to_owned();
+        if self.sasl {
+            name.push_str("-sasl");
+        }
+        match self.tls {
+            Some(ClientAuth::None) => name.push_str("-tls"),
+            Some(ClientAuth::Required) => name.push_str("-mtls"),
+            None => {}
+        }
+        name
+    }
+
+    /// The kind a [`name`](Self::name) names.
+    pub(crate) fn parse(name: &str) -> Option<Kind> {
+        let implementations =
+            [Implementation::Tansu, Implementation::Kafka, Implementation::Mock, Implementation::Docker];
+        let securities = [
+            (false, None),
+            (true, None),
+            (false, Some(ClientAuth::None)),
+            (true, Some(ClientAuth::None)),
+            (false, Some(ClientAuth::Required)),
+        ];
+        implementations
+            .into_iter()
+            .flat_map(|i| securities.map(|(sasl, tls)| Kind::plain(i).secured(sasl, tls)))
+            .find(|k| k.name() == name)
+    }
 
     /// Whether clients must authenticate with SASL.
     pub(crate) fn sasl(self) -> bool {
-        matches!(self, Kind::TansuSasl | Kind::TansuSaslTls)
+        self.sasl
     }
 
     /// Whether clients connect through TLS, and whether they need a certificate.
     pub(crate) fn tls(self) -> Option<ClientAuth> {
-        match self {
-            Kind::TansuTls | Kind::TansuSaslTls => Some(ClientAuth::None),
-            Kind::TansuMtls => Some(ClientAuth::Required),
-            _ => None,
-        }
+        self.tls
     }
 
     /// Kafka's `security.protocol` for clients of this broker.
@@ -233,7 +297,7 @@ impl Broker {
             text.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('='))).map(str::to_owned)
         };
         let kind = field("kind");
-        let Some(kind) = Kind::ALL.into_iter().find(|k| Some(k.name()) == kind.as_deref()) else {
+        let Some(kind) = kind.as_deref().and_then(Kind::parse) else {
             bail!("{} is corrupt (kind {kind:?}): delete it", path.display())
         };
         let addr = field("addr").with_context(|| format!("{} has no addr: delete it", path.display()))?;
@@ -275,10 +339,32 @@ impl Broker {
     }
 
     pub(crate) fn describe(&self) -> String {
-        match (self.kind, self.pid) {
-            (Kind::Tansu, Some(pid)) => format!("tansu {TANSU_VERSION}, pid {pid}"),
-            (Kind::Tansu, None) => format!("tansu {TANSU_VERSION}"),
-            (Kind::TansuSasl | Kind::TansuTls | Kind::TansuMtls | Kind::TansuSaslTls, pid) => {
+        let security = || {
+            let sasl = if self.kind.sasl() { " requiring SASL SCRAM-SHA-512" } else { "" };
+            let tls = match self.kind.tls() {
+                None => "",
+                Some(ClientAuth::None) => " over TLS",
+                Some(ClientAuth::Required) => " over TLS requiring client certificates",
+            };
+            format!("{sasl}{tls}")
+        };
+        match (self.kind.implementation, self.pid) {
+            (Implementation::Kafka, _) => {
+                let cluster = self.kafka_cluster().ok();
+                let count = |role| cluster.as_ref().map_or(0, |c| c.nodes.iter().filter(|n| n.role == role).count());
+                format!(
+                    "Apache Kafka {}, {} brokers and {} controller(s){} in {}",
+                    kafka::KAFKA_VERSION,
+                    count(kafka::Role::Broker),
+                    count(kafka::Role::Controller),
+                    security(),
+                    self.data_dir.as_deref().map(|d| d.display().to_string()).unwrap_or_default()
+                )
+            }
+            (Implementation::Tansu, pid) if self.kind.security_protocol() == "PLAINTEXT" => {
+                format!("tansu {TANSU_VERSION}{}", pid.map(|p| format!(", pid {p}")).unwrap_or_default())
+            }
+            (Implementation::Tansu, pid) => {
                 let pid = pid.map(|p| format!(", pid {p}")).unwrap_or_default();
                 let sasl = if self.kind.sasl() { " requiring SASL SCRAM-SHA-512" } else { "" };
                 let tls = match self.kind.tls() {
@@ -291,13 +377,19 @@ impl Broker {
                 };
                 format!("tansu {TANSU_VERSION}{sasl}{tls}{pid}")
             }
-            (Kind::Mock, pid) => {
+            (Implementation::Mock, pid) => {
                 let brokers = self.addr.split(',').count();
                 let pid = pid.map(|p| format!(", pid {p}")).unwrap_or_default();
                 format!("librdkafka mock cluster, {brokers} brokers{pid}, control at {}", self.control_or_none())
             }
-            (Kind::Docker, _) => "Apache Kafka under docker compose".to_owned(),
+            (Implementation::Docker, _) => "Apache Kafka under docker compose".to_owned(),
         }
+    }
+
+    /// An Apache Kafka broker's cluster, as its directory records it.
+    pub(crate) fn kafka_cluster(&self) -> anyhow::Result<kafka::Cluster> {
+        let dir = self.data_dir.as_deref().context("a Kafka broker without a directory")?;
+        kafka::Cluster::load(dir)
     }
 
     fn control_or_none(&self) -> &str {
@@ -311,9 +403,9 @@ impl Broker {
     /// The environment a client of this broker needs, one `NAME=value` a
     /// line: the test suite's, then billing-bin's.
     fn print_env(&self) {
-        println!("{}={}", crate::ci::BROKERS_ENV, self.addr);
+        println!("{BROKERS_ENV}={}", self.addr);
         if let Some(control) = &self.control {
-            println!("{}={control}", crate::ci::MOCK_CONTROL_ENV);
+            println!("{MOCK_CONTROL_ENV}={control}");
         }
         let security = self.security_env();
         for (name, value) in &security {
@@ -330,17 +422,23 @@ impl Broker {
         }
     }
 
-    /// The security settings a client of this broker needs, as the test
-    /// suite's environment (`KAFKA_RETRY_*`); none for a plaintext broker.
+    /// The settings a client of this broker needs besides its address, as
+    /// the test suite's environment (`KAFKA_RETRY_*`): security (none for a
+    /// plaintext broker) and, for Apache Kafka, its cluster's directory.
     pub(crate) fn security_env(&self) -> Vec<(&'static str, String)> {
-        use crate::ci::{
-            SASL_MECHANISM_ENV, SASL_PASSWORD_ENV, SASL_USERNAME_ENV, SECURITY_PROTOCOL_ENV, SSL_CA_ENV,
-            SSL_CERTIFICATE_ENV, SSL_KEY_ENV,
-        };
-        if self.kind.security_protocol() == "PLAINTEXT" {
-            return Vec::new();
+        let mut env = Vec::new();
+        if self.kind.implementation == Implementation::Kafka {
+            if let Some(dir) = &self.data_dir {
+                env.push((KAFKA_CLUSTER_ENV, dir.display().to_string()));
+            }
+            if let Some(reauth) = self.kafka_cluster().ok().and_then(|c| c.reauth_bootstrap()) {
+                env.push((REAUTH_BROKERS_ENV, reauth));
+            }
         }
-        let mut env = vec![(SECURITY_PROTOCOL_ENV, self.kind.security_protocol().to_owned())];
+        if self.kind.security_protocol() == "PLAINTEXT" {
+            return env;
+        }
+        env.push((SECURITY_PROTOCOL_ENV, self.kind.security_protocol().to_owned()));
         if self.kind.sasl() {
             let (user, password) = SASL_USER;
             env.push((SASL_MECHANISM_ENV, "SCRAM-SHA-512".to_owned()));
@@ -348,7 +446,9 @@ impl Broker {
             env.push((SASL_PASSWORD_ENV, password.to_owned()));
         }
         if let (Some(auth), Some(files), Some(dir)) = (self.kind.tls(), self.tls_files(), &self.data_dir) {
-            env.push((crate::ci::TLS_PROXY_CONFIG_ENV, crate::tls::stunnel_config(dir).display().to_string()));
+            if self.kind.implementation == Implementation::Tansu {
+                env.push((TLS_PROXY_CONFIG_ENV, crate::tls::stunnel_config(dir).display().to_string()));
+            }
             env.push((SSL_CA_ENV, files.ca().display().to_string()));
             if auth == ClientAuth::Required {
                 env.push((SSL_CERTIFICATE_ENV, files.client_certificate().display().to_string()));
@@ -368,6 +468,9 @@ impl Broker {
     /// it). Behind TLS, tansu itself answers and the terminator accepts
     /// connections.
     fn probe(&self) -> anyhow::Result<()> {
+        if self.kind.implementation == Implementation::Kafka {
+            return self.kafka_cluster()?.probe();
+        }
         if self.kind.tls().is_some() {
             let backend = self.backend.as_deref().context("a TLS broker without a backend address")?;
             probe_api_versions(backend)?;
@@ -378,7 +481,7 @@ impl Broker {
         }
         let mut last = Err(anyhow::anyhow!("no address"));
         for addr in self.addr.split(',') {
-            last = if self.kind.sasl() { probe_api_versions(addr) } else { probe_metadata(addr) };
+            last = if self.kind.sasl() { probe_api_versions(addr) } else { probe_metadata(addr).map(|_| ()) };
             if last.is_ok() {
                 return last;
             }
@@ -394,12 +497,28 @@ impl Broker {
 
     /// Starts tansu of `kind` (plain, SASL, TLS) and waits until it answers.
     pub(crate) fn start_tansu_kind(kind: Kind, port: Option<u16>) -> anyhow::Result<Broker> {
-        match kind {
-            Kind::Tansu => Broker::start_tansu(port),
-            Kind::TansuSasl => Broker::start_tansu_sasl(port),
-            Kind::TansuTls | Kind::TansuMtls | Kind::TansuSaslTls => Broker::start_tansu_tls(kind, port),
-            Kind::Mock | Kind::Docker => bail!("{} is not a tansu broker", kind.name()),
+        match (kind.implementation, kind.sasl(), kind.tls()) {
+            (Implementation::Tansu, false, None) => Broker::start_tansu(port),
+            (Implementation::Tansu, true, None) => Broker::start_tansu_sasl(port),
+            (Implementation::Tansu, _, Some(_)) => Broker::start_tansu_tls(kind, port),
+            _ => bail!("{} is not a tansu broker", kind.name()),
         }
+    }
+
+    /// Starts an Apache Kafka cluster of `kind`'s security with `nodes`
+    /// brokers and `controllers` controllers, and waits until it is up.
+    pub(crate) fn start_kafka(kind: Kind, nodes: u8, controllers: u8) -> anyhow::Result<Broker> {
+        let spec = kafka::ClusterSpec { brokers: nodes, controllers, sasl: kind.sasl(), tls: kind.tls() };
+        let cluster = kafka::start(spec)?;
+        Ok(Broker {
+            kind,
+            addr: cluster.bootstrap(),
+            control: None,
+            pid: None,
+            data_dir: Some(cluster.dir),
+            backend: None,
+            proxy_pid: None,
+        })
     }
 
     /// A broker record for a tansu process.
@@ -411,7 +530,7 @@ impl Broker {
     pub(crate) fn start_tansu(port: Option<u16>) -> anyhow::Result<Broker> {
         let (addr, data_dir) = tansu_place(port)?;
         let child = spawn_tansu(&addr, &addr, &data_dir, false)?;
-        Broker::tansu(Kind::Tansu, addr, child.id(), data_dir).wait_until_up(child)
+        Broker::tansu(Kind::TANSU, addr, child.id(), data_dir).wait_until_up(child)
     }
 
     /// Starts tansu with SASL authentication required, on fresh storage
@@ -420,7 +539,7 @@ impl Broker {
         let (addr, data_dir) = tansu_place(port)?;
         create_sasl_user(&addr, &data_dir)?;
         let child = spawn_tansu(&addr, &addr, &data_dir, true)?;
-        Broker::tansu(Kind::TansuSasl, addr, child.id(), data_dir).wait_until_up(child)
+        Broker::tansu(Kind::TANSU.secured(true, None), addr, child.id(), data_dir).wait_until_up(child)
     }
 
     /// Starts tansu (with SASL if `kind` says so) on a loopback port of its
@@ -504,7 +623,7 @@ impl Broker {
             .process_group(0);
         let mut child = cmd.spawn().with_context(|| format!("cannot start {}", process::show(&cmd)))?;
         let mut broker = Broker {
-            kind: Kind::Mock,
+            kind: Kind::MOCK,
             addr: String::new(),
             control: None,
             pid: Some(child.id()),
@@ -523,7 +642,7 @@ impl Broker {
             let value = |name: &str| {
                 out.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('='))).map(str::to_owned)
             };
-            if let (Some(addr), Some(control)) = (value(crate::ci::BROKERS_ENV), value(crate::ci::MOCK_CONTROL_ENV)) {
+            if let (Some(addr), Some(control)) = (value(BROKERS_ENV), value(MOCK_CONTROL_ENV)) {
                 broker.addr = addr;
                 broker.control = Some(control);
                 if broker.answers() {
@@ -552,7 +671,7 @@ impl Broker {
             Command::new("docker").arg("compose").arg("-f").arg(compose_file()).args(["up", "-d", "--wait", "kafka"]),
         )?;
         let broker = Broker {
-            kind: Kind::Docker,
+            kind: Kind::plain(Implementation::Docker),
             addr: "127.0.0.1:9092".to_owned(),
             control: None,
             pid: None,
@@ -568,8 +687,14 @@ impl Broker {
 
     /// Stops the broker, deletes its data and forgets it.
     pub(crate) fn stop(&self) -> anyhow::Result<()> {
-        match self.kind {
-            Kind::Tansu | Kind::TansuSasl | Kind::TansuTls | Kind::TansuMtls | Kind::TansuSaslTls | Kind::Mock => {
+        match self.kind.implementation {
+            Implementation::Kafka => {
+                self.kafka_cluster()?.stop()?;
+                if let Some(dir) = &self.data_dir {
+                    let _ = fs::remove_dir_all(dir);
+                }
+            }
+            Implementation::Tansu | Implementation::Mock => {
                 // The one started, and the one a test may have started in its
                 // place (its pid file says which).
                 let restarted = self.data_dir.as_deref().and_then(crate::tls::stunnel_pid);
@@ -578,7 +703,7 @@ impl Broker {
                         process::stop_group(pid, Duration::from_secs(10));
                     }
                 }
-                let program = if self.kind == Kind::Mock { "mock_cluster" } else { "tansu" };
+                let program = if self.kind.implementation == Implementation::Mock { "mock_cluster" } else { "tansu" };
                 if let Some(pid) = self.pid {
                     // Only signal the pid if it is still ours, not a recycled pid.
                     if process::is_alive(pid) && process::cmdline(pid).is_some_and(|c| c.contains(program)) {
@@ -592,7 +717,7 @@ impl Broker {
                     let _ = fs::remove_dir_all(dir);
                 }
             }
-            Kind::Docker => {
+            Implementation::Docker => {
                 process::run(Command::new("docker").arg("compose").arg("-f").arg(compose_file()).args(["down", "-v"]))?;
             }
         }
@@ -629,7 +754,7 @@ fn tansu_place(port: Option<u16>) -> anyhow::Result<(String, PathBuf)> {
 /// `--authentication`, so an open broker runs on `addr` meanwhile.
 fn create_sasl_user(addr: &str, data_dir: &std::path::Path) -> anyhow::Result<()> {
     let child = spawn_tansu(addr, addr, data_dir, false)?;
-    let open = Broker::tansu(Kind::Tansu, addr.to_owned(), child.id(), data_dir.to_owned()).wait_until_up(child)?;
+    let open = Broker::tansu(Kind::TANSU, addr.to_owned(), child.id(), data_dir.to_owned()).wait_until_up(child)?;
     let (user, password) = SASL_USER;
     let created = process::run(Command::new(install_tansu()?).args([
         "user",
@@ -699,7 +824,7 @@ fn install_tansu() -> anyhow::Result<PathBuf> {
     )
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port on 127.0.0.1")?;
     Ok(listener.local_addr()?.port())
 }
@@ -733,11 +858,12 @@ fn probe_api_versions(addr: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends a Metadata (v1) request and checks that the answer lists a broker.
+/// Sends a Metadata (v1) request, checks that the answer lists a broker,
+/// and says how many it lists.
 ///
 /// Hand-written rather than through a Kafka client: xtask stays light, and
 /// this is all a readiness check needs.
-pub(crate) fn probe_metadata(addr: &str) -> anyhow::Result<()> {
+pub(crate) fn probe_metadata(addr: &str) -> anyhow::Result<usize> {
     let socket: SocketAddr =
         addr.to_socket_addrs()?.next().with_context(|| format!("{addr} does not resolve to an address"))?;
     let mut stream = TcpStream::connect_timeout(&socket, Duration::from_secs(2))?;
@@ -773,5 +899,5 @@ pub(crate) fn probe_metadata(addr: &str) -> anyhow::Result<()> {
     if brokers < 1 {
         bail!("Metadata response lists no broker yet");
     }
-    Ok(())
+    Ok(brokers as usize)
 }

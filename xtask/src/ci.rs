@@ -5,59 +5,26 @@ use std::{path::PathBuf, process::Command};
 use anyhow::{bail, Context};
 
 use crate::{
-    broker::{Broker, Kind},
+    broker::{Broker, Implementation, Kind},
+    env::{BROKERS_ENV, BROKER_KIND_ENV, BROKER_SETTINGS, KAFKA_CLUSTER_ENV, MOCK_CONTROL_ENV},
     paths::{cargo, workspace_root},
     process::run,
+    tls::ClientAuth,
 };
-
-/// The environment variable that tells integration tests where the broker is.
-/// Tests built with the `broker` feature fail when it is missing.
-pub(crate) const BROKERS_ENV: &str = "KAFKA_RETRY_BROKERS";
-
-/// The environment variable that tells integration tests where the mock
-/// cluster's control channel is; set only when the broker is the mock.
-pub(crate) const MOCK_CONTROL_ENV: &str = "KAFKA_RETRY_MOCK_CONTROL";
-
-/// The environment variable that tells integration tests which
-/// implementation they run against (`tansu`, `mock`, `docker` or `external`).
-pub(crate) const BROKER_KIND_ENV: &str = "KAFKA_RETRY_BROKER_KIND";
-
-/// The environment variables that give integration tests SASL credentials
-/// (set only against a broker that requires them).
-pub(crate) const SASL_MECHANISM_ENV: &str = "KAFKA_RETRY_SASL_MECHANISM";
-/// See [`SASL_MECHANISM_ENV`].
-pub(crate) const SASL_USERNAME_ENV: &str = "KAFKA_RETRY_SASL_USERNAME";
-/// See [`SASL_MECHANISM_ENV`].
-pub(crate) const SASL_PASSWORD_ENV: &str = "KAFKA_RETRY_SASL_PASSWORD";
-/// The security protocol of the suite's clients (PLAINTEXT when unset).
-pub(crate) const SECURITY_PROTOCOL_ENV: &str = "KAFKA_RETRY_SECURITY_PROTOCOL";
-/// The CA file that signed a TLS broker's certificate.
-pub(crate) const SSL_CA_ENV: &str = "KAFKA_RETRY_SSL_CA_LOCATION";
-/// The client certificate for a broker that requires mutual TLS.
-pub(crate) const SSL_CERTIFICATE_ENV: &str = "KAFKA_RETRY_SSL_CERTIFICATE_LOCATION";
-/// Its private key.
-pub(crate) const SSL_KEY_ENV: &str = "KAFKA_RETRY_SSL_KEY_LOCATION";
-
-/// The TLS terminator's (stunnel's) configuration, for tests that restart
-/// it to cut every connection, as a broker closing them would.
-pub(crate) const TLS_PROXY_CONFIG_ENV: &str = "KAFKA_RETRY_TLS_PROXY_CONFIG";
-
-/// Every security setting of the suite, so none leaks from the caller's
-/// environment into a pass against another broker.
-const SECURITY_ENVS: [&str; 8] = [
-    SECURITY_PROTOCOL_ENV,
-    SASL_MECHANISM_ENV,
-    SASL_USERNAME_ENV,
-    SASL_PASSWORD_ENV,
-    SSL_CA_ENV,
-    SSL_CERTIFICATE_ENV,
-    SSL_KEY_ENV,
-    TLS_PROXY_CONFIG_ENV,
-];
 
 /// Which brokers `cargo xtask integration` runs the suite against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum BrokerChoice {
+    /// Apache Kafka, the reference: what CI runs on it (a cluster of three
+    /// brokers through SASL_SSL for the whole suite and the fault tests, then
+    /// one requiring client certificates for the TLS tests).
+    Kafka,
+    /// Apache Kafka, three brokers, plaintext: the whole suite.
+    KafkaPlaintext,
+    /// Apache Kafka, three brokers, SASL_SSL: the whole suite.
+    KafkaSaslTls,
+    /// Apache Kafka, three brokers, mutual TLS: the whole suite.
+    KafkaMtls,
     /// tansu, one broker.
     Tansu,
     /// librdkafka's mock cluster with three brokers.
@@ -68,13 +35,63 @@ pub(crate) enum BrokerChoice {
     TansuSaslTls,
     /// tansu behind TLS requiring client certificates (SSL, mutual TLS).
     TansuMtls,
-    /// What CI runs: tansu, the mock cluster, SASL_SSL and mutual TLS, one
-    /// after the other.
+    /// What CI runs: Apache Kafka's passes, then tansu, the mock cluster and
+    /// tansu requiring SASL (its own re-authentication), one after the other.
     All,
+}
+
+/// One run of the suite against one broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pass {
+    kind: Kind,
+    /// Which tests: all of them, or those a secured pass adds.
+    scope: Scope,
+}
+
+/// Which tests a pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// Every test the broker can run.
+    Whole,
+    /// Only the tests about the broker's security (`sasl_only`,
+    /// `tls_only`, `client_cert_only`) and the service end to end through
+    /// it: the rest ran through another pass already.
+    Security,
+}
+
+impl BrokerChoice {
+    fn passes(self) -> Vec<Pass> {
+        let whole = |kind| Pass { kind, scope: Scope::Whole };
+        let security = |kind| Pass { kind, scope: Scope::Security };
+        let kafka = Kind::plain(Implementation::Kafka);
+        let tansu = Kind::TANSU;
+        match self {
+            BrokerChoice::Kafka => vec![
+                whole(kafka.secured(true, Some(ClientAuth::None))),
+                security(kafka.secured(false, Some(ClientAuth::Required))),
+            ],
+            BrokerChoice::KafkaPlaintext => vec![whole(kafka)],
+            BrokerChoice::KafkaSaslTls => vec![whole(kafka.secured(true, Some(ClientAuth::None)))],
+            BrokerChoice::KafkaMtls => vec![whole(kafka.secured(false, Some(ClientAuth::Required)))],
+            BrokerChoice::Tansu => vec![whole(tansu)],
+            BrokerChoice::Mock => vec![whole(Kind::MOCK)],
+            BrokerChoice::TansuSasl => vec![whole(tansu.secured(true, None))],
+            BrokerChoice::TansuSaslTls => vec![whole(tansu.secured(true, Some(ClientAuth::None)))],
+            BrokerChoice::TansuMtls => vec![whole(tansu.secured(false, Some(ClientAuth::Required)))],
+            BrokerChoice::All => {
+                let mut passes = BrokerChoice::Kafka.passes();
+                passes.extend([whole(tansu), whole(Kind::MOCK), security(tansu.secured(true, None))]);
+                passes
+            }
+        }
+    }
 }
 
 /// How many brokers the mock cluster of the integration suite has.
 const MOCK_BROKERS: u8 = 3;
+
+/// How many brokers the Apache Kafka cluster of the integration suite has.
+pub(crate) const KAFKA_BROKERS: u8 = 3;
 
 /// Tests whose name contains one of these need what the mock cluster lacks;
 /// on the mock they are left out by name, and the run says why.
@@ -105,18 +122,22 @@ const NOT_ON_TANSU: &[(&str, &str)] = &[
 /// drops offset-commit metadata: tansu's passes only.
 const DROPS_COMMIT_METADATA: &str = "drops_commit_metadata";
 
-/// The suite's slowest test, left out of the secured passes to keep CI short.
+/// The suite's slowest test, left out of the secured tansu passes.
 const SLOWEST: &str = "billing::a_kill_mid_stream_charges_every_event_exactly_once";
 
-/// The provider outage (a minute long), left out of the secured passes too.
+/// The provider outage (a minute long), left out of the secured tansu passes too.
 const OUTAGE: &str = "billing::an_outage_of_the_provider";
 
 /// Tests whose name contains this need a broker that requires SASL.
 const SASL_ONLY: &str = "sasl_only";
 
-/// Tests whose name contains this need a broker behind TLS (and its
-/// terminator named in [`TLS_PROXY_CONFIG_ENV`]).
+/// Tests whose name contains this need a broker behind TLS.
 const TLS_ONLY: &str = "tls_only";
+
+/// Tests whose name contains this need tansu's TLS terminator (named in
+/// `$KAFKA_RETRY_TLS_PROXY_CONFIG`), which they restart to cut every
+/// connection at once.
+const TLS_PROXY_ONLY: &str = "tls_proxy_only";
 
 /// Tests whose name contains this need a broker that requires client
 /// certificates (mutual TLS).
@@ -130,24 +151,77 @@ const FAULTS: &str = "faults::";
 /// brokers they are left out by name, and the run says so.
 const MOCK_ONLY: &str = "mock_only";
 
+/// Tests whose name contains this need Apache Kafka: its nodes stopped,
+/// killed and restarted, its re-authentication on a live connection, its
+/// Java client from the same cache, what only a real broker shows.
+const KAFKA_ONLY: &str = "kafka_only";
+
+/// The end-to-end tests of the service, which a security pass runs too.
+const BILLING: &str = "billing::";
+
+/// The tests `pass` leaves out, each with why; `--skip` takes each marker.
+fn left_out(pass: Pass) -> Vec<(&'static str, String)> {
+    let kind = pass.kind;
+    let implementation = kind.implementation;
+    let mut out: Vec<(&'static str, String)> = Vec::new();
+    let mut leave = |marker: &'static str, why: &str| out.push((marker, why.to_owned()));
+    if implementation != Implementation::Mock {
+        leave(MOCK_ONLY, "they need the mock cluster's fault injection (they run on the mock)");
+    }
+    if implementation != Implementation::Kafka {
+        leave(KAFKA_ONLY, "they need Apache Kafka (they run on it)");
+    }
+    if !kind.sasl() {
+        leave(SASL_ONLY, "the broker does not require SASL");
+    }
+    if kind.tls().is_none() {
+        leave(TLS_ONLY, "the broker is not behind TLS");
+    }
+    if kind.tls().is_none() || implementation != Implementation::Tansu {
+        leave(TLS_PROXY_ONLY, "the broker has no TLS terminator in front (tansu's passes over TLS do)");
+    }
+    if kind.tls() != Some(ClientAuth::Required) {
+        leave(CLIENT_CERT_ONLY, "the broker does not require client certificates");
+    }
+    match implementation {
+        Implementation::Tansu | Implementation::Docker => {
+            for (marker, why) in NOT_ON_TANSU {
+                leave(marker, &format!("on tansu (they run on Apache Kafka and the mock): {why}"));
+            }
+        }
+        Implementation::Mock => {
+            leave(DROPS_COMMIT_METADATA, "the mock cluster keeps offset-commit metadata");
+            for (marker, why) in NOT_ON_MOCK {
+                leave(marker, &format!("on the mock cluster (they run on Apache Kafka and tansu): {why}"));
+            }
+        }
+        Implementation::Kafka => {
+            leave(DROPS_COMMIT_METADATA, "Apache Kafka keeps offset-commit metadata");
+        }
+    }
+    let secured_tansu = implementation == Implementation::Tansu && kind.security_protocol() != "PLAINTEXT";
+    if pass.scope == Scope::Security || secured_tansu {
+        leave(SLOWEST, "crash recovery has nothing to do with security, and runs through another pass");
+        leave(OUTAGE, "a provider outage has nothing to do with security, and runs through another pass");
+    }
+    out
+}
+
 /// Runs the integration tests against `choice`: `$KAFKA_RETRY_BROKERS` if
 /// set (with `$KAFKA_RETRY_MOCK_CONTROL` for a mock cluster), else a broker
 /// of that kind that `broker up` left running, else a fresh one that is
 /// stopped afterwards, whatever the tests' outcome.
 pub(crate) fn integration(choice: BrokerChoice, test_args: &[String]) -> anyhow::Result<()> {
-    let kinds: &[Kind] = match choice {
-        BrokerChoice::Tansu => &[Kind::Tansu],
-        BrokerChoice::Mock => &[Kind::Mock],
-        BrokerChoice::TansuSasl => &[Kind::TansuSasl],
-        BrokerChoice::TansuSaslTls => &[Kind::TansuSaslTls],
-        BrokerChoice::TansuMtls => &[Kind::TansuMtls],
-        BrokerChoice::All => &[Kind::Tansu, Kind::Mock, Kind::TansuSaslTls, Kind::TansuMtls],
-    };
-    for &kind in kinds {
-        eprintln!("integration: the suite against {}", kind.name());
-        with_broker_of(kind, |target| run_integration_tests(target, test_args))
-            .with_context(|| format!("the integration suite against {}", kind.name()))?;
+    let mut took = Vec::new();
+    for pass in choice.passes() {
+        let name = pass.kind.name();
+        eprintln!("integration: the suite against {name}");
+        let started = std::time::Instant::now();
+        with_broker_of(pass.kind, |target| run_integration_tests(target, pass.scope, test_args))
+            .with_context(|| format!("the integration suite against {name}"))?;
+        took.push(format!("{name}: {:.0} s", started.elapsed().as_secs_f64()));
     }
+    eprintln!("integration: passed ({})", took.join(", "));
     Ok(())
 }
 
@@ -159,7 +233,8 @@ pub(crate) struct Target<'a> {
     pub(crate) addr: &'a str,
     /// The mock cluster's control channel.
     pub(crate) control: Option<&'a str>,
-    /// Security settings (SASL, TLS) as environment, where the broker requires them.
+    /// Settings besides the address (security, the Kafka cluster's
+    /// directory) as environment.
     pub(crate) security: Vec<(&'static str, String)>,
 }
 
@@ -167,7 +242,7 @@ pub(crate) struct Target<'a> {
 /// broker `broker up` left running, else a fresh tansu that is stopped
 /// afterwards, whatever `work`'s outcome.
 pub(crate) fn with_broker(work: impl FnOnce(&str) -> anyhow::Result<()>) -> anyhow::Result<()> {
-    with_broker_of(Kind::Tansu, |target| work(target.addr))
+    with_broker_of(Kind::TANSU, |target| work(target.addr))
 }
 
 /// Like [`with_broker`], for a broker of `kind`; a running broker of
@@ -176,13 +251,23 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
     if let Ok(addr) = std::env::var(BROKERS_ENV) {
         let control = std::env::var(MOCK_CONTROL_ENV).ok();
         eprintln!("using the broker at {addr} from {BROKERS_ENV}");
-        let kind = if control.is_some() { Kind::Mock } else { kind };
-        let security =
-            SECURITY_ENVS.into_iter().filter_map(|name| std::env::var(name).ok().map(|v| (name, v))).collect();
+        let kind = if control.is_some() {
+            Kind::MOCK
+        } else if std::env::var_os(KAFKA_CLUSTER_ENV).is_some() {
+            Kind::plain(Implementation::Kafka).secured(kind.sasl(), kind.tls())
+        } else {
+            kind
+        };
+        let security = BROKER_SETTINGS
+            .into_iter()
+            .filter(|name| *name != MOCK_CONTROL_ENV)
+            .filter_map(|name| std::env::var(name).ok().map(|v| (name, v)))
+            .collect();
         return work(&Target { kind, addr: &addr, control: control.as_deref(), security });
     }
     if let Some(broker) = Broker::load()? {
-        let usable = broker.kind == kind || (kind == Kind::Tansu && broker.kind == Kind::Docker);
+        let usable =
+            broker.kind == kind || (kind == Kind::TANSU && broker.kind.implementation == Implementation::Docker);
         if usable && broker.answers() {
             eprintln!("using the running broker at {} ({}; left running)", broker.addr, broker.describe());
             return work(&Target {
@@ -196,10 +281,11 @@ pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyho
             broker.stop()?;
         }
     }
-    let broker = match kind {
-        Kind::Mock => Broker::start_mock(MOCK_BROKERS)?,
-        Kind::Docker => Broker::start_tansu(None)?,
-        tansu => Broker::start_tansu_kind(tansu, None)?,
+    let broker = match kind.implementation {
+        Implementation::Mock => Broker::start_mock(MOCK_BROKERS)?,
+        Implementation::Docker => Broker::start_tansu(None)?,
+        Implementation::Kafka => Broker::start_kafka(kind, KAFKA_BROKERS, 1)?,
+        Implementation::Tansu => Broker::start_tansu_kind(kind, None)?,
     };
     eprintln!("started {} at {}", broker.describe(), broker.addr);
     crate::interrupt::started(&broker);
@@ -222,7 +308,11 @@ pub(crate) const BILLING_BIN_ENV: &str = "BILLING_BIN";
 /// The same for the second service, `stock`'s example.
 const STOCK_SERVICE_BIN_ENV: &str = "STOCK_SERVICE_BIN";
 
-fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::Result<()> {
+/// The environment variable that tells the integration tests where Apache
+/// Kafka's jars are (for its Java client), on Kafka's passes.
+const KAFKA_LIBS_ENV: &str = "KAFKA_RETRY_KAFKA_LIBS";
+
+fn run_integration_tests(target: &Target<'_>, scope: Scope, test_args: &[String]) -> anyhow::Result<()> {
     // The arguments already go after cargo's `--`; another one would turn
     // the skips added below into filters.
     let test_args: Vec<String> = test_args.iter().filter(|a| *a != "--").cloned().collect();
@@ -239,94 +329,120 @@ fn run_integration_tests(target: &Target<'_>, test_args: &[String]) -> anyhow::R
     let stock_service = workspace_root().join("target").join("debug").join("examples").join("stock-service");
     let mut envs: Vec<(String, String)> = vec![
         (BROKERS_ENV.to_owned(), target.addr.to_owned()),
-        (BROKER_KIND_ENV.to_owned(), target.kind.name().to_owned()),
+        (BROKER_KIND_ENV.to_owned(), target.kind.name()),
         (BILLING_BIN_ENV.to_owned(), billing_bin.display().to_string()),
         (STOCK_SERVICE_BIN_ENV.to_owned(), stock_service.display().to_string()),
         (crate::python::PYTHON_ENV.to_owned(), python.display().to_string()),
     ];
+    if target.kind.implementation == Implementation::Kafka {
+        envs.push((KAFKA_LIBS_ENV.to_owned(), crate::kafka::install()?.display().to_string()));
+    }
     envs.extend(target.security.iter().map(|(k, v)| (k.to_string(), v.clone())));
     if let Some(control) = target.control {
         envs.push((MOCK_CONTROL_ENV.to_owned(), control.to_owned()));
     }
 
     // Tests for what the broker lacks are left out by name, and the run says why.
-    let mut skips: Vec<&str> = Vec::new();
-    let lacks = [
-        (MOCK_ONLY, target.control.is_none(), "they need the mock cluster's fault injection (they run on the mock)"),
-        (SASL_ONLY, !target.kind.sasl(), "the broker does not require SASL"),
-        (TLS_ONLY, target.kind.tls().is_none(), "the broker is not behind TLS"),
-        (
-            CLIENT_CERT_ONLY,
-            target.kind.tls() != Some(crate::tls::ClientAuth::Required),
-            "the broker does not require client certificates",
-        ),
-    ];
-    for (marker, lacking, why) in lacks {
-        if lacking {
-            eprintln!("integration: on {}, tests named *{marker}* are left out: {why}", target.kind.name());
-            skips.push(marker);
-        }
+    let pass = Pass { kind: target.kind, scope };
+    let skips = left_out(pass);
+    for (marker, why) in &skips {
+        eprintln!("integration: on {}, tests named *{marker}* are left out: {why}", target.kind.name());
     }
-    if target.control.is_none() {
-        for (marker, why) in NOT_ON_TANSU {
-            eprintln!("integration: on tansu, tests named *{marker}* are left out (they run on the mock): {why}");
-            skips.push(marker);
-        }
-    }
-    if target.control.is_some() {
+    if scope == Scope::Security {
         eprintln!(
-            "integration: on the mock cluster, tests named *{DROPS_COMMIT_METADATA}* are left out: it keeps \
-             offset-commit metadata"
-        );
-        skips.push(DROPS_COMMIT_METADATA);
-        for (marker, why) in NOT_ON_MOCK {
-            eprintln!(
-                "integration: on the mock cluster, tests named *{marker}* are left out (they run on tansu): {why}"
-            );
-            skips.push(marker);
-        }
-    }
-    if !target.security.is_empty() {
-        // Every client of the suite uses these (ours, rskafka, billing-bin,
-        // the interop client).
-        eprintln!(
-            "integration: the suite through {} ({}); {SLOWEST} and {OUTAGE}* are left out (crash recovery and a \
-             provider outage, the suite's slowest, have nothing to do with security and run on the other brokers)",
+            "integration: through {} ({}), only the tests about its security and the service end to end",
             target.kind.security_protocol(),
             target.kind.name()
         );
-        skips.push(SLOWEST);
-        skips.push(OUTAGE);
     }
-
-    // Faults (injected by the mock, or connections cut by the TLS
-    // terminator) reach every client of the broker: the fault tests run
-    // after the rest, one at a time, so no other test sees their faults.
     let filters: Vec<&String> = test_args.iter().filter(|a| !a.starts_with('-')).collect();
-    let main_pass = filters.is_empty() || filters.iter().any(|f| !f.contains(FAULTS));
-    let fault_pass = filters.is_empty() || filters.iter().any(|f| f.contains(FAULTS));
-    let pass = |extra: &[&str]| {
+    let options: Vec<&String> = test_args.iter().filter(|a| a.starts_with('-')).collect();
+    let listed = list_tests()?;
+    let chosen = choose(&listed, scope, &skips, &filters);
+
+    let cargo_test = |names: &[&str], extra: &[&str]| {
         let mut cmd = Command::new(cargo());
         cmd.current_dir(workspace_root())
-            .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--"])
-            .args(test_args)
-            .args(skips.iter().flat_map(|marker| ["--skip", marker]))
+            .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--", "--exact"])
+            .args(names)
+            .args(&options)
             .args(extra);
-        for name in SECURITY_ENVS.iter().chain([&MOCK_CONTROL_ENV]) {
+        for name in BROKER_SETTINGS {
             cmd.env_remove(name);
         }
         cmd.envs(envs.iter().map(|(k, v)| (k, v)));
         cmd
     };
-    if main_pass {
-        run(&mut pass(&["--skip", FAULTS]))?;
+    if !chosen.main.is_empty() {
+        eprintln!("integration: {} tests", chosen.main.len());
+        run_quietly(&mut cargo_test(&chosen.main, &[]))?;
     }
-    if fault_pass {
-        eprintln!("integration: the fault tests, one at a time");
-        let only_faults: &[&str] = if filters.is_empty() { &[FAULTS] } else { &[] };
-        run(&mut pass(&[only_faults, &["--test-threads=1"]].concat()))?;
+    // Faults (injected by the mock, nodes of Kafka killed, connections cut
+    // by the TLS terminator) reach every client of the broker: the fault
+    // tests run after the rest, one at a time, so no other test sees them.
+    if !chosen.faults.is_empty() {
+        eprintln!("integration: {} fault tests, one at a time", chosen.faults.len());
+        run_quietly(&mut cargo_test(&chosen.faults, &["--test-threads=1"]))?;
+    }
+    if chosen.main.is_empty() && chosen.faults.is_empty() {
+        bail!("no test matches {filters:?} on {}", target.kind.name());
     }
     Ok(())
+}
+
+/// Runs `cmd` like [`run`], showing its program and first arguments only:
+/// the list of test names it carries is long.
+fn run_quietly(cmd: &mut Command) -> anyhow::Result<()> {
+    let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let shown = args.iter().position(|a| a == "--exact").map_or(args.len(), |p| p + 1);
+    eprintln!("$ cargo {} ...", args[..shown].join(" "));
+    let status = cmd.status().context("cannot start cargo test")?;
+    if !status.success() {
+        bail!("the integration tests failed ({status})");
+    }
+    Ok(())
+}
+
+/// The names of every test of the integration binary.
+fn list_tests() -> anyhow::Result<Vec<String>> {
+    let out = Command::new(cargo())
+        .current_dir(workspace_root())
+        .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--", "--list"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("cannot list the integration tests")?;
+    if !out.status.success() {
+        bail!("listing the integration tests failed ({})", out.status);
+    }
+    Ok(String::from_utf8(out.stdout)?.lines().filter_map(|l| l.strip_suffix(": test")).map(str::to_owned).collect())
+}
+
+/// The tests a pass runs: those outside the fault modules together, then
+/// the fault tests one at a time.
+#[derive(Debug, PartialEq, Eq)]
+struct Chosen<'a> {
+    main: Vec<&'a str>,
+    faults: Vec<&'a str>,
+}
+
+/// Which of `listed` a pass of `scope` runs: none that `skips` names, only
+/// those about security (and the service end to end) in a security pass,
+/// and when the caller gave `filters`, only those that match one of them.
+fn choose<'a>(listed: &'a [String], scope: Scope, skips: &[(&str, String)], filters: &[&String]) -> Chosen<'a> {
+    let wanted = |name: &str| {
+        let skipped = skips.iter().any(|(marker, _)| name.contains(marker));
+        let in_scope = match scope {
+            Scope::Whole => true,
+            Scope::Security => {
+                [SASL_ONLY, TLS_ONLY, TLS_PROXY_ONLY, CLIENT_CERT_ONLY].iter().any(|m| name.contains(m))
+                    || (name.starts_with(BILLING) && !name.contains(FAULTS))
+            }
+        };
+        let filtered = filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
+        !skipped && in_scope && filtered
+    };
+    let (faults, main) = listed.iter().map(String::as_str).filter(|n| wanted(n)).partition(|n| n.contains(FAULTS));
+    Chosen { main, faults }
 }
 
 /// Builds the service binary (debug) and returns its path.
@@ -604,4 +720,125 @@ fn verdict(mut offenders: Vec<String>, problem: &str, fine: &str) -> anyhow::Res
     }
     eprintln!("tidy: {fine}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(listed: &[&str]) -> Vec<String> {
+        listed.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    const LISTED: &[&str] = &[
+        "ladder::transient_failures_climb_the_ladder_and_then_succeed",
+        "group::kafka_only_a_static_member_restarts_without_a_rebalance",
+        "faults::mock_only_a_broker_down_for_ten_seconds_loses_nothing",
+        "billing::transient_provider_failures_recover_and_charge_exactly_once",
+        "billing::sasl_only_the_password_never_reaches_logs_or_metrics",
+        "billing::a_kill_mid_stream_charges_every_event_exactly_once",
+        "billing::faults::kafka_only_a_killed_coordinator",
+        "billing::faults::tls_proxy_only_every_order_is_charged_once_through_connections_cut_by_the_broker",
+        "tls::client_cert_only_a_client_without_a_certificate_is_refused",
+        "dead_letters::drops_commit_metadata_a_record_above_the_position_is_refused_with_the_reason",
+        "dead_letters::targeted_replays_are_recorded_and_never_repeated_needs_commit_metadata",
+    ];
+
+    #[track_caller]
+    fn check(pass: Pass, filters: &[&str], main: &[&str], faults: &[&str]) {
+        let listed = names(LISTED);
+        let filters: Vec<String> = names(filters);
+        let filters: Vec<&String> = filters.iter().collect();
+        let chosen = choose(&listed, pass.scope, &left_out(pass), &filters);
+        let short = |v: &[&str]| v.iter().map(|n| n.rsplit("::").next().unwrap().to_owned()).collect::<Vec<_>>();
+        assert_eq!((short(&chosen.main), short(&chosen.faults)), (short(main), short(faults)), "{pass:?}");
+    }
+
+    #[test]
+    fn each_pass_runs_what_its_broker_can() {
+        let kafka = Kind::plain(Implementation::Kafka);
+        let whole = |kind| Pass { kind, scope: Scope::Whole };
+        let security = |kind| Pass { kind, scope: Scope::Security };
+        // The reference through SASL_SSL: all but what needs the mock, tansu's
+        // terminator or client certificates, and what only tansu shows.
+        check(
+            whole(kafka.secured(true, Some(ClientAuth::None))),
+            &[],
+            &[
+                "transient_failures_climb_the_ladder_and_then_succeed",
+                "kafka_only_a_static_member_restarts_without_a_rebalance",
+                "transient_provider_failures_recover_and_charge_exactly_once",
+                "sasl_only_the_password_never_reaches_logs_or_metrics",
+                "a_kill_mid_stream_charges_every_event_exactly_once",
+                "targeted_replays_are_recorded_and_never_repeated_needs_commit_metadata",
+            ],
+            &["kafka_only_a_killed_coordinator"],
+        );
+        // Kafka with client certificates: its security, and the service end to end.
+        check(
+            security(kafka.secured(false, Some(ClientAuth::Required))),
+            &[],
+            &[
+                "transient_provider_failures_recover_and_charge_exactly_once",
+                "client_cert_only_a_client_without_a_certificate_is_refused",
+            ],
+            &[],
+        );
+        // tansu: no Kafka-only test, and what tansu drops.
+        check(
+            whole(Kind::TANSU),
+            &[],
+            &[
+                "transient_failures_climb_the_ladder_and_then_succeed",
+                "transient_provider_failures_recover_and_charge_exactly_once",
+                "a_kill_mid_stream_charges_every_event_exactly_once",
+                "drops_commit_metadata_a_record_above_the_position_is_refused_with_the_reason",
+            ],
+            &[],
+        );
+        // The mock: its fault injection, what tansu lacks.
+        check(
+            whole(Kind::MOCK),
+            &[],
+            &[
+                "transient_failures_climb_the_ladder_and_then_succeed",
+                "transient_provider_failures_recover_and_charge_exactly_once",
+                "a_kill_mid_stream_charges_every_event_exactly_once",
+                "targeted_replays_are_recorded_and_never_repeated_needs_commit_metadata",
+            ],
+            &["mock_only_a_broker_down_for_ten_seconds_loses_nothing"],
+        );
+        // tansu through its terminator with client certificates.
+        check(
+            security(Kind::TANSU.secured(false, Some(ClientAuth::Required))),
+            &[],
+            &[
+                "transient_provider_failures_recover_and_charge_exactly_once",
+                "client_cert_only_a_client_without_a_certificate_is_refused",
+            ],
+            &["tls_proxy_only_every_order_is_charged_once_through_connections_cut_by_the_broker"],
+        );
+        // A caller's filter narrows a pass, never widens it.
+        check(whole(Kind::TANSU), &["kafka_only"], &[], &[]);
+        check(
+            whole(kafka),
+            &["static_member", "killed"],
+            &["kafka_only_a_static_member_restarts_without_a_rebalance"],
+            &["kafka_only_a_killed_coordinator"],
+        );
+    }
+
+    #[test]
+    fn kinds_are_named_and_parsed_back() {
+        for implementation in
+            [Implementation::Tansu, Implementation::Kafka, Implementation::Mock, Implementation::Docker]
+        {
+            for (sasl, tls) in [(false, None), (true, Some(ClientAuth::None)), (false, Some(ClientAuth::Required))] {
+                let kind = Kind::plain(implementation).secured(sasl, tls);
+                assert_eq!(Kind::parse(&kind.name()), Some(kind), "{}", kind.name());
+            }
+        }
+        assert_eq!(Kind::plain(Implementation::Kafka).secured(true, Some(ClientAuth::None)).name(), "kafka-sasl-tls");
+        assert_eq!(Kind::parse("kafka-sasl-mtls"), None);
+    }
 }

@@ -7,7 +7,8 @@
 use std::process::Command;
 
 use crate::{
-    ci::{with_broker, BROKERS_ENV},
+    ci::with_broker,
+    env::BROKERS_ENV,
     paths::{cargo, workspace_root},
     process::run,
 };
