@@ -24,6 +24,8 @@ mod code {
     pub(crate) const COORDINATOR_NOT_AVAILABLE: i16 = 15;
     pub(crate) const NOT_COORDINATOR: i16 = 16;
     pub(crate) const REBALANCE_IN_PROGRESS: i16 = 27;
+    pub(crate) const UNKNOWN_MEMBER_ID: i16 = 25;
+    pub(crate) const NONE: i16 = 0;
 }
 
 /// Kafka's API keys.
@@ -31,6 +33,7 @@ mod api {
     pub(crate) const PRODUCE: i16 = 0;
     pub(crate) const FETCH: i16 = 1;
     pub(crate) const OFFSET_COMMIT: i16 = 8;
+    pub(crate) const OFFSET_FETCH: i16 = 9;
     pub(crate) const JOIN_GROUP: i16 = 11;
     pub(crate) const HEARTBEAT: i16 = 12;
 }
@@ -385,4 +388,91 @@ async fn mock_only_partitions_added_to_the_source_are_consumed() {
     .await;
     listener.shutdown().await;
     assert!(handler.calls().iter().any(|c| c.partition == 2), "{:?}", handler.calls());
+}
+
+/// The committed offsets a generation starts from are read again, within
+/// the generation, when the coordinator cannot answer yet (it still loads
+/// the group, or moved): no rebalance for it, where ending the generation
+/// made every member of the group rejoin.
+#[tokio::test]
+async fn mock_only_committed_offsets_that_cannot_be_read_yet_are_read_again_within_the_generation() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("offset-fetch", "100ms", 1).await;
+    let failures = [code::COORDINATOR_LOAD_IN_PROGRESS, code::COORDINATOR_LOAD_IN_PROGRESS, code::NOT_COORDINATOR];
+    mock.push_request_errors(api::OFFSET_FETCH, &failures).await;
+    let handler = Scripted::new(&[]);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    crate::support::fence(&ladder, 0, 1).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    assert_eq!(stats.offset_fetch_failures, 3, "{stats:?}");
+    let groups = ladder.consumed().len() as u64;
+    assert_eq!(stats.rebalances, groups, "one generation per group: {stats:?}");
+}
+
+/// A heartbeat the coordinator holds past the session is given up while
+/// the session lasts (each waits at most what is left of it), and the next
+/// one keeps the membership: waiting the whole request timeout let the
+/// session expire, and the member rejoin after working on for seconds on
+/// partitions the group no longer gave it.
+#[tokio::test]
+async fn mock_only_a_heartbeat_without_an_answer_is_given_up_within_the_session() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("silent-heartbeat", "100ms", 1).await;
+    for (_, group) in ladder.consumed() {
+        mock.set_group_coordinator(&group, 1).await;
+    }
+    let handler = Scripted::new(&[]);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    let config = ladder.config();
+    mock.push_broker_errors(1, api::HEARTBEAT, &[(code::NONE, config.session_timeout * 3)]).await;
+    // A session's length and more, the time the coordinator gives a silent
+    // member: the held heartbeat's answer comes only after it.
+    tokio::time::sleep(config.session_timeout + Duration::from_secs(2)).await;
+    crate::support::fence(&ladder, 0, 1).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    let groups = ladder.consumed().len() as u64;
+    assert_eq!(stats.rebalances, groups, "the member lost its session: {stats:?}");
+}
+
+/// A member the group drops while it drains (the coordinator answers its
+/// heartbeats with UNKNOWN_MEMBER_ID) abandons its records in flight at
+/// once, instead of finishing work whose partitions another member owns
+/// by now; it is counted, and rejoins as a new member. The record is
+/// handled again by whoever owns its partition next.
+#[tokio::test]
+async fn mock_only_a_member_dropped_while_it_drains_abandons_its_records_at_once() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("evicted-drain", "100ms", 1).await;
+    for (_, group) in ladder.consumed() {
+        mock.set_group_coordinator(&group, 1).await;
+    }
+    let config = || {
+        let mut c = ladder.config();
+        c.handler_timeout = Duration::from_secs(20);
+        c.rebalance_timeout = Duration::from_secs(30);
+        c
+    };
+    let handler = Scripted::new(&[("slow", &[Step::Hang])]);
+    let first = crate::support::start_joined_with(config(), handler.clone()).await;
+    produce(ladder.source(), 0, "slow", "{}", &[]).await;
+    eventually("the slow call to start", SETTLE, || async { (handler.hangs().0 == 1).then_some(()) }).await;
+    // A second member: the first one drains, for up to its handler timeout.
+    let second = retry_kafka::Listener::start(config(), handler.clone()).await.unwrap();
+    let drops = vec![(code::UNKNOWN_MEMBER_ID, Duration::ZERO); 4];
+    mock.push_broker_errors(1, api::HEARTBEAT, &drops).await;
+    // Well before the 20 s the drain would otherwise wait.
+    let abandoned = tokio::time::timeout(Duration::from_secs(10), async {
+        while handler.hangs().1 == 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(abandoned.is_ok(), "the dropped member kept draining: {:?}", handler.hangs());
+    eventually("the slow record handled again", SETTLE * 2, || async { handler.succeeded("slow").then_some(()) }).await;
+    let stats = first.stats().snapshot();
+    first.shutdown().await;
+    second.shutdown().await;
+    assert!(stats.evictions >= 1, "{stats:?}");
 }

@@ -238,7 +238,7 @@ async fn a_drain_longer_than_the_session_keeps_the_member_and_its_commit_needs_c
     let handler = Scripted::new(&[("slow", &[Step::Sleep(Duration::from_secs(9))])]);
     let config = || {
         let mut c = ladder.config();
-        c.rebalance_timeout = Duration::from_secs(25);
+        c.rebalance_timeout = Duration::from_secs(30);
         c.shutdown_grace = Duration::from_secs(15);
         c.handler_timeout = Duration::from_secs(20);
         c
@@ -259,4 +259,212 @@ async fn a_drain_longer_than_the_session_keeps_the_member_and_its_commit_needs_c
     first.shutdown().await;
     second.shutdown().await;
     assert_eq!(handler.attempts("slow"), [1], "the slow record was handled again");
+}
+
+/// A static member (`group_instance_id`, KIP-345) that restarts within its
+/// session gets its partitions back with no rebalance: the other member
+/// never hears of one and keeps its partition, the restarted member takes
+/// up exactly its old partition from its own commits, and nothing is
+/// handled twice.
+#[tokio::test]
+async fn kafka_only_a_static_member_restarts_within_its_session_without_a_rebalance() {
+    let ladder = Ladder::create("static", "100ms", 2).await;
+    let config = |instance: &str| {
+        let mut c = ladder.config();
+        c.group_instance_id = Some(format!("{}-{instance}", ladder.group_id));
+        c.session_timeout = Duration::from_secs(30);
+        c.heartbeat_interval = Duration::from_secs(1);
+        c.rebalance_timeout = Duration::from_secs(40);
+        c
+    };
+    let groups = ladder.consumed().len() as u64;
+    let (ours, theirs) = (Scripted::new(&[]), Scripted::new(&[]));
+    let first = crate::support::start_joined_with(config("a"), ours.clone()).await;
+    let other = crate::support::start_joined_with(config("b"), theirs.clone()).await;
+    // The first member took part in the rebalance the second one caused.
+    eventually("both members settled", SETTLE, || async {
+        (first.stats().snapshot().rebalances >= 2 * groups).then_some(())
+    })
+    .await;
+    for partition in 0..2 {
+        produce(ladder.source(), partition, &format!("before-{partition}"), "v", &[]).await;
+        crate::support::fence(&ladder, partition, 2).await;
+    }
+    let partition_of = |handler: &Scripted| {
+        let mut partitions: Vec<i32> =
+            handler.calls().iter().filter(|c| c.topic == ladder.source()).map(|c| c.partition).collect();
+        partitions.sort_unstable();
+        partitions.dedup();
+        partitions
+    };
+    let (mine, its) = (partition_of(&ours), partition_of(&theirs));
+    assert_eq!((mine.len(), its.len()), (1, 1), "one partition each: {mine:?} and {its:?}");
+    let rebalances_before = other.stats().snapshot().rebalances;
+
+    // A restart: a static member leaves no group on shutdown, and comes
+    // back well within its session.
+    first.shutdown().await;
+    let restarted = Scripted::new(&[]);
+    let second = crate::support::start_joined_with(config("a"), restarted.clone()).await;
+    for partition in 0..2 {
+        produce(ladder.source(), partition, &format!("after-{partition}"), "v", &[]).await;
+        crate::support::fence(&ladder, partition, 2).await;
+    }
+    let other_stats = other.stats().snapshot();
+    second.shutdown().await;
+    other.shutdown().await;
+
+    assert_eq!(other_stats.rebalances, rebalances_before, "the other member went through a rebalance");
+    assert_eq!(partition_of(&restarted), mine, "the restarted member took another partition");
+    assert_eq!(partition_of(&theirs), its, "the other member's partition moved");
+    // Each record once, the fences aside: the restart resumed from its commit.
+    let mut keys: Vec<String> = [ours.calls(), restarted.calls(), theirs.calls()]
+        .concat()
+        .into_iter()
+        .filter(|c| c.key != "fence")
+        .map(|c| c.key)
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["after-0", "after-1", "before-0", "before-1"]);
+}
+
+/// Apache Kafka's own Java client shares a group with our listener: it
+/// takes its partition from where our commit left it (reading nothing we
+/// handled), its commit reads the same to us, our commits read the same to
+/// it, and it reads our dead letters with every header byte for byte as we
+/// wrote it, a producer's own headers among them.
+#[tokio::test]
+async fn kafka_only_a_java_consumer_shares_the_group_and_reads_the_dead_letters_as_written() {
+    let ladder = Ladder::create("java", "100ms", 2).await;
+    let ours = Scripted::new(&[("declined", &[Step::Permanent])]);
+    let listener = start_joined(&ladder, ours.clone()).await;
+    produce(ladder.source(), 0, "declined", r#"{"n":0}"#, &[("traceparent", b"00-4bf92f3577b34da6-00")]).await;
+    for partition in 0..2 {
+        produce(ladder.source(), partition, &format!("ours-{partition}"), "v", &[]).await;
+        crate::support::fence(&ladder, partition, 2).await;
+    }
+    let before = listener.stats().snapshot().rebalances;
+
+    // The Java client joins our source group and takes one partition.
+    let brokers = broker_addr();
+    let (group, source) = (ladder.group_id.clone(), ladder.source().to_owned());
+    let consume = ["consume", "--brokers", &brokers, "--group", &group, "--topic", &source];
+    let mut theirs = KafkaClientRun::start_java(
+        &[&consume[..], &["--max-records", "1", "--idle-timeout-s", "30", "--commit"]].concat(),
+    );
+    eventually("our member to rejoin with the Java one", SETTLE, || async {
+        (listener.stats().snapshot().rebalances > before).then_some(())
+    })
+    .await;
+    theirs.wait_for_line("the Java member's assignment", |line| line.contains(r#""assigned""#)).await;
+    for partition in 0..2 {
+        produce(ladder.source(), partition, &format!("after-{partition}"), "v", &[]).await;
+    }
+    let output = theirs.finish().await;
+    let events: Vec<Value> = output.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let read: Vec<&Value> = events.iter().filter(|e| e["event"] == "record").collect();
+    assert_eq!(read.len(), 1, "{output}");
+    let their_partition = read[0]["partition"].as_i64().unwrap() as i32;
+    // Nothing we handled: the first record after our commit.
+    assert_eq!(read[0]["key"], format!("after-{their_partition}"), "{output}");
+
+    // Once it left, we take its partition back from its commit.
+    let our_partition = 1 - their_partition;
+    produce(ladder.source(), their_partition, "back", "v", &[]).await;
+    eventually("us to take its partition back", SETTLE, || async { ours.succeeded("back").then_some(()) }).await;
+    for partition in 0..2 {
+        crate::support::fence(&ladder, partition, 2).await;
+    }
+    assert!(ours.succeeded(&format!("after-{our_partition}")));
+    assert!(!ours.calls().iter().any(|c| c.key == format!("after-{their_partition}")), "we handled its record too");
+    listener.shutdown().await;
+
+    // Our commits read the same through the Java client.
+    let committed_here = committed(&ladder.connection, &ladder.group_id, ladder.source(), 2).await;
+    let args = ["committed", "--brokers", &brokers, "--group", &ladder.group_id, "--topic", ladder.source()];
+    let committed_there: Value =
+        serde_json::from_str(&integration::java_client(&[&args[..], &["--partitions", "2"]].concat()).await).unwrap();
+    for (partition, offset) in &committed_here {
+        assert_eq!(committed_there[partition.to_string()].as_i64(), *offset, "{committed_there}");
+    }
+
+    // Our dead letter, through the Java client: every header as we wrote it.
+    let dead = read_partition(ladder.dlq(), 0).await;
+    assert_eq!(dead.len(), 1);
+    let reader = integration::unique_topic("java-dlq-reader");
+    let dlq = ["consume", "--brokers", &brokers, "--group", &reader, "--topic", ladder.dlq()];
+    let output =
+        integration::java_client(&[&dlq[..], &["--max-records", "1", "--idle-timeout-s", "30"]].concat()).await;
+    let record = output.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).find(|e| e["event"] == "record");
+    let record = record.unwrap_or_else(|| panic!("no dead letter read:\n{output}"));
+    assert_eq!(record["key"], "declined");
+    let headers: BTreeMap<String, Vec<u8>> = record["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            let hex = h["hex"].as_str().unwrap();
+            let bytes = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+            (h["name"].as_str().unwrap().to_owned(), bytes)
+        })
+        .collect();
+    assert_eq!(headers, dead[0].record.headers, "{output}");
+    assert_eq!(headers["traceparent"], b"00-4bf92f3577b34da6-00");
+    assert_eq!(headers["x-dead-letter-reason"], b"permanent-failure");
+}
+
+/// A member stopped while its join waits (the coordinator holds JoinGroup
+/// until every member rejoined, and one drains a slow record) leaves the
+/// group on its way out: the generation that follows has only the members
+/// that remain, where a join abandoned without a leave made the group wait
+/// a session for a member that never comes back.
+#[tokio::test]
+async fn kafka_only_a_member_stopped_while_it_joins_leaves_the_group() {
+    let ladder = Ladder::create("stop-joining", "100ms", 2).await;
+    let config = || {
+        let mut c = ladder.config();
+        c.handler_timeout = Duration::from_secs(25);
+        c.rebalance_timeout = Duration::from_secs(35);
+        c
+    };
+    // Long enough for a few looks at the group through the Java client.
+    let handler = Scripted::new(&[("slow", &[Step::Sleep(Duration::from_secs(18))])]);
+    let first = crate::support::start_joined_with(config(), handler.clone()).await;
+    let source_rebalances = || crate::support::rebalances_of(&first, &ladder.group_id);
+    assert_eq!(source_rebalances(), 1);
+    produce(ladder.source(), 0, "slow", "v", &[]).await;
+    eventually("the slow record to start", SETTLE, || async { (!handler.attempts("slow").is_empty()).then_some(()) })
+        .await;
+    // A second member joins; the first drains the slow record meanwhile,
+    // so the coordinator holds the second one's join.
+    let second = retry_kafka::Listener::start(config(), Scripted::new(&[])).await.unwrap();
+    let describe = || async {
+        let output =
+            integration::java_client(&["describe", "--brokers", &broker_addr(), "--group", &ladder.group_id]).await;
+        serde_json::from_str::<Value>(&output).unwrap_or_else(|e| panic!("{e}: {output}"))
+    };
+    eventually("the second member's join to wait for the first one's", SETTLE, || async {
+        let group = describe().await;
+        let rebalancing = group["state"].as_str().is_some_and(|s| s.eq_ignore_ascii_case("PreparingRebalance"));
+        (rebalancing && group["members"].as_array().unwrap().len() == 2).then_some(())
+    })
+    .await;
+    second.shutdown().await;
+    // The first member rejoins once drained: the group settles with it
+    // alone, in the generation that followed at once. (Without the leave,
+    // the coordinator completed a generation with the departed member,
+    // which never synced, and settled only after its session, one
+    // generation later.)
+    let group = eventually("the group to settle", SETTLE, || async {
+        let group = describe().await;
+        (group["state"].as_str().is_some_and(|s| s.eq_ignore_ascii_case("stable"))).then_some(group)
+    })
+    .await;
+    let members = group["members"].as_array().unwrap();
+    assert_eq!(members.len(), 1, "{group}");
+    assert_eq!(members[0]["partitions"], serde_json::json!([0, 1]), "{group}");
+    assert_eq!(source_rebalances(), 2, "the source group went through a generation with the departed member");
+    crate::support::fence(&ladder, 1, 2).await;
+    first.shutdown().await;
+    assert!(handler.succeeded("slow"));
 }

@@ -170,6 +170,39 @@ async fn a_slow_handler_times_out_as_a_transient_failure() {
     assert_eq!(header(&retried[0], "x-error"), "handler timed out after 300ms");
 }
 
+/// A handler call that blocks its thread ignores its timeout's
+/// cancellation: the partition does not wait for it (the record goes on to
+/// its retry after the timeout and a bounded wait for the call to end), the
+/// call runs on detached, counted, and the listener says it is not ready
+/// until the call ends.
+// Two runtime threads: the blocked call takes one, as it would one of a
+// service's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_call_that_ignores_its_cancellation_is_detached_and_reported() {
+    let ladder = Ladder::create("deaf", "100ms", 1).await;
+    let blocked_for = Duration::from_secs(12);
+    let handler = Scripted::new(&[("deaf", &[Step::Block(blocked_for)])]);
+    let mut config = ladder.config();
+    config.handler_timeout = Duration::from_millis(500);
+    let listener = crate::support::start_joined_with(config, handler.clone()).await;
+    produce(ladder.source(), 0, "deaf", "v", &[]).await;
+    // The timeout and the bounded wait for the call's end, then the retry:
+    // well before the blocked call ends.
+    eventually("the retry", SETTLE, || async { (handler.attempts("deaf") == [1, 2]).then_some(()) }).await;
+    assert_eq!(handler.blocked_ended(), 0, "the partition waited for the blocked call");
+    let stats = listener.stats().snapshot();
+    assert_eq!((stats.handler_timeouts, stats.detached_calls), (1, 1));
+    assert!(!listener.is_ready(), "ready while a detached call runs");
+    eventually("the blocked call to end", blocked_for + SETTLE, || async {
+        (handler.blocked_ended() == 1).then_some(())
+    })
+    .await;
+    eventually("ready again", SETTLE, || async { listener.is_ready().then_some(()) }).await;
+    listener.shutdown().await;
+    let retried = wait_for_records(ladder.retry(0), 1).await;
+    assert_eq!(header(&retried[0], "x-error"), "handler timed out after 500ms");
+}
+
 #[tokio::test]
 async fn a_record_rskafka_cannot_decode_does_not_wedge_the_partition() {
     use integration::{broker_addr, kafka_client};

@@ -65,15 +65,46 @@ async fn sasl_only_a_client_without_credentials_is_refused() {
 }
 
 /// A connection kept past 85% of the session the broker grants (tansu: 60
-/// s, Kafka: `connections.max.reauth.ms`) authenticates again before its
-/// next request (KIP-368), on the same connection or, where the broker
-/// refuses that, on a new one; either way the caller sees no error.
+/// s; Kafka: `connections.max.reauth.ms`, a few seconds on the suite's
+/// re-authentication listener) authenticates again before its next request
+/// (KIP-368), on the same connection or, where the broker refuses that, on
+/// a new one; either way the caller sees no error.
 #[tokio::test]
 async fn sasl_only_a_connection_that_outlives_its_session_authenticates_again() {
-    let mut offsets = GroupOffsets::new(connection("kafka-retry-it"), &unique_topic("group"));
+    let (config, session) = match integration::reauth_connection("kafka-retry-it") {
+        Some(config) => (config, integration::REAUTH_SESSION),
+        None => (connection("kafka-retry-it"), Duration::from_secs(60)),
+    };
+    let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
     let partitions = [TopicPartition::new("t", 0)];
     within("committed offsets", offsets.committed(&partitions)).await.expect("the first request");
     // Time passing is what this test is about.
-    tokio::time::sleep(Duration::from_secs(55)).await;
+    tokio::time::sleep(session * 92 / 100).await;
     within("committed offsets", offsets.committed(&partitions)).await.expect("a request after the session's end");
+}
+
+/// Apache Kafka re-authenticates a live connection (KIP-368), which tansu
+/// refuses: through sessions of a few seconds, our connections renew theirs
+/// in place, the same TCP connection throughout, every request answered.
+#[tokio::test]
+async fn kafka_only_sasl_only_sessions_are_renewed_on_the_same_connection() {
+    let config =
+        integration::reauth_connection("kafka-retry-it").expect("the Kafka SASL pass has a short-session listener");
+    let ports: Vec<u16> = config.bootstrap().iter().map(|b| b.rsplit_once(':').unwrap().1.parse().unwrap()).collect();
+    let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
+    let partitions = [TopicPartition::new("t", 0)];
+    within("committed offsets", offsets.committed(&partitions)).await.expect("the first request");
+    let connected = integration::local_ports_to(&ports);
+    assert!(!connected.is_empty(), "no connection to the short-session listener");
+    let started = std::time::Instant::now();
+    let mut requests = 1;
+    // Three sessions' worth, a request every half session: each renewal
+    // comes before a request, on the connection it goes out on.
+    while started.elapsed() < integration::REAUTH_SESSION * 3 {
+        tokio::time::sleep(integration::REAUTH_SESSION / 2).await;
+        within("committed offsets", offsets.committed(&partitions)).await.expect("a request in a renewed session");
+        requests += 1;
+    }
+    let still = integration::local_ports_to(&ports);
+    assert_eq!(still, connected, "connections were replaced instead of renewed ({requests} requests)");
 }

@@ -76,6 +76,7 @@ async fn the_stock_service_reserves_retries_short_stock_and_dead_letters_what_it
             .env("STOCK_GROUP", format!("{topic}-stock"))
             .env("STOCK_RETRY_SCHEDULE", schedule)
             .env("STOCK_PARTITIONS", "1")
+            .env("STOCK_REPLICATION_FACTOR", integration::replication_factor().to_string())
             .env("INVENTORY_URL", &inventory_url)
             .kill_on_drop(true);
         cmd

@@ -75,7 +75,9 @@ impl Ladder {
         let mut c = ListenerConfig::new(self.connection.clone(), &self.group_id, self.policy.clone()).unwrap();
         c.session_timeout = Duration::from_secs(6);
         c.heartbeat_interval = Duration::from_millis(300);
-        c.rebalance_timeout = Duration::from_secs(10);
+        // Above what a revoked member may take: its calls' 5 s, 2 s to
+        // abort what outlives them, 3 s (half the session) to commit.
+        c.rebalance_timeout = Duration::from_secs(15);
         c.shutdown_grace = Duration::from_secs(2);
         c.commit_interval = Duration::from_millis(200);
         c.fetch_max_wait = Duration::from_millis(200);
@@ -131,6 +133,39 @@ pub(crate) async fn produce_batch(topic: &str, partition: i32, records: &[(Strin
         .await
         .unwrap();
     within("produce", pc.produce(records, Compression::NoCompression)).await.unwrap()[0]
+}
+
+/// [`produce_batch`], sent again after a failure (a leader down or moving,
+/// too few replicas in sync) until the cluster takes it, within a few
+/// minutes; returns the first offset. A failed send may have been written
+/// all the same, so the batch may land twice.
+pub(crate) async fn produce_batch_retrying(topic: &str, partition: i32, records: &[(String, String)]) -> i64 {
+    let client = rskafka_client().await;
+    let records: Vec<Record> = records
+        .iter()
+        .map(|(k, v)| Record {
+            key: Some(k.as_bytes().to_vec()),
+            value: Some(v.as_bytes().to_vec()),
+            headers: Default::default(),
+            timestamp: Utc.timestamp_millis_opt(chrono_now_millis()).unwrap(),
+        })
+        .collect();
+    let attempt = || async {
+        let pc = client.partition_client(topic, partition, UnknownTopicHandling::Retry).await?;
+        pc.produce(records.clone(), Compression::NoCompression).await
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        match tokio::time::timeout(BROKER_TIMEOUT, attempt()).await {
+            Ok(Ok(offsets)) => return offsets[0],
+            failed => {
+                assert!(tokio::time::Instant::now() < deadline, "producing to {topic}/{partition}: {failed:?}");
+                eprintln!("producing to {topic}/{partition} failed ({failed:?}); refreshing metadata and retrying");
+                let _ = tokio::time::timeout(BROKER_TIMEOUT, client.list_topics()).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
 }
 
 fn chrono_now_millis() -> i64 {
@@ -195,6 +230,9 @@ pub(crate) enum Step {
     Sleep(Duration),
     /// Never returns: the call waits until it is cancelled.
     Hang,
+    /// Blocks its thread this long, deaf to cancellation (a handler that
+    /// calls blocking code on the runtime), then succeeds.
+    Block(Duration),
 }
 
 /// One handler call.
@@ -216,6 +254,8 @@ pub(crate) struct Scripted {
     calls: Mutex<Vec<Call>>,
     /// Calls of [`Step::Hang`] started, and ended (their future dropped).
     hangs: Arc<(std::sync::atomic::AtomicUsize, std::sync::atomic::AtomicUsize)>,
+    /// Calls of [`Step::Block`] that ended.
+    blocked_ended: std::sync::atomic::AtomicUsize,
 }
 
 /// Counts a hanging call as ended when its future is dropped.
@@ -241,6 +281,11 @@ impl Scripted {
     pub(crate) fn hangs(&self) -> (usize, usize) {
         use std::sync::atomic::Ordering::SeqCst;
         (self.hangs.0.load(SeqCst), self.hangs.1.load(SeqCst))
+    }
+
+    /// Calls of [`Step::Block`] that ended.
+    pub(crate) fn blocked_ended(&self) -> usize {
+        self.blocked_ended.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Whether a call for `key` succeeded.
@@ -283,6 +328,11 @@ impl RecordHandler for Scripted {
                 self.hangs.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let _guard = HangGuard(self.hangs.clone());
                 std::future::pending().await
+            }
+            Step::Block(d) => {
+                std::thread::sleep(d);
+                self.blocked_ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
             }
         }
     }
@@ -353,11 +403,27 @@ pub(crate) async fn fence(ladder: &Ladder, partition: i32, partitions: i32) {
 /// the ladder (one assignment each), so what a test produces next is
 /// consumed under a settled membership.
 pub(crate) async fn start_joined(ladder: &Ladder, handler: Arc<Scripted>) -> retry_kafka::Listener {
-    let listener = within("start", retry_kafka::Listener::start(ladder.config(), handler)).await.unwrap();
-    let groups = ladder.consumed().len() as u64;
+    start_joined_with(ladder.config(), handler).await
+}
+
+/// [`start_joined`], with `config`.
+pub(crate) async fn start_joined_with(config: ListenerConfig, handler: Arc<Scripted>) -> retry_kafka::Listener {
+    let groups = config.groups().consumed(config.policy().topology()).count() as u64;
+    let listener = within("start", retry_kafka::Listener::start(config, handler)).await.unwrap();
     eventually("the listener to join its groups", SETTLE, || async {
         (listener.stats().snapshot().rebalances >= groups).then_some(())
     })
     .await;
     listener
+}
+
+/// How many assignments `listener`'s member of `group` received, from its
+/// Prometheus metrics.
+pub(crate) fn rebalances_of(listener: &retry_kafka::Listener, group: &str) -> u64 {
+    let mut registry = prometheus_client::registry::Registry::default();
+    listener.register_metrics(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let sample = format!("kafka_retry_rebalances_total{{group=\"{group}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&sample)?.trim().parse().ok()).unwrap_or(0)
 }

@@ -12,7 +12,7 @@ fn plan(partitions: i32) -> (ConnectionConfig, RetryTopology, TopicPlan) {
     init_tracing();
     let topology = RetryTopology::new(&unique_topic("topics"), &"5s,1m".parse().unwrap()).unwrap();
     let connection = integration::connection("kafka-retry-it");
-    let plan = TopicPlan::new(topology.clone(), partitions);
+    let plan = TopicPlan::new(topology.clone(), partitions).with_replication_factor(integration::replication_factor());
     (connection, topology, plan)
 }
 
@@ -73,7 +73,12 @@ async fn retry_topics_need_as_many_partitions_as_the_source_needs_create_topics(
     let (connection, topology, plan) = plan(1);
     let client = rskafka_client().await;
     let controller = client.controller_client().unwrap();
-    within("create source", controller.create_topic(topology.source_topic().as_str(), 3, 1, 10_000)).await.unwrap();
+    within(
+        "create source",
+        controller.create_topic(topology.source_topic().as_str(), 3, integration::replication_factor(), 10_000),
+    )
+    .await
+    .unwrap();
     let result = within("create", plan.create(&connection, false)).await;
     let problems = problems(result);
     assert_eq!(problems.len(), 3, "{problems:?}");

@@ -95,6 +95,7 @@ async fn start(ladder: &Ladder, observer: Arc<Observer>, max_in_flight: usize) -
     config.window = retry_core::WindowConfig::new(max_in_flight, retry_core::NullKeys::Ordered).unwrap();
     // A record that hangs must stay unfinished while a test looks.
     config.handler_timeout = Duration::from_secs(120);
+    config.rebalance_timeout = Duration::from_secs(130);
     integration::within("start", Listener::start(config, observer)).await.unwrap()
 }
 

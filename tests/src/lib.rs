@@ -12,6 +12,7 @@
 pub mod fake_provider;
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, Read},
     path::PathBuf,
     process::{Command, Stdio},
@@ -79,6 +80,55 @@ pub fn connection(client_id: &str) -> retry_kafka::ConnectionConfig {
         .with_security(security())
 }
 
+/// How long the SASL sessions of the Kafka passes' re-authentication
+/// listener last (`cargo xtask broker up --kafka --sasl` sets its
+/// `connections.max.reauth.ms` to this).
+pub const REAUTH_SESSION: Duration = Duration::from_secs(4);
+
+/// The bootstrap brokers of the Kafka SASL passes' re-authentication
+/// listener (`$KAFKA_RETRY_REAUTH_BROKERS`), where sessions last
+/// [`REAUTH_SESSION`]; `None` elsewhere.
+pub fn reauth_broker_addr() -> Option<String> {
+    env("KAFKA_RETRY_REAUTH_BROKERS")
+}
+
+/// A connection config for the re-authentication listener, secured as
+/// [`security`] says; `None` where there is none.
+pub fn reauth_connection(client_id: &str) -> Option<retry_kafka::ConnectionConfig> {
+    let addr = reauth_broker_addr()?;
+    Some(
+        retry_kafka::ConnectionConfig::new(&addr, client_id).expect("a valid broker address").with_security(security()),
+    )
+}
+
+/// The local ports of this process' established TCP connections to any of
+/// `remote_ports` on loopback, sorted.
+pub fn local_ports_to(remote_ports: &[u16]) -> Vec<u16> {
+    // Sockets of this process, by inode.
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|dir| {
+            dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']').map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut ports = Vec::new();
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let port = |addr: &str| addr.rsplit_once(':').and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            // Field 3 is the state: 01 is ESTABLISHED; field 9 the inode.
+            let (Some(local), Some(remote)) = (port(fields[1]), port(fields[2])) else { continue };
+            if fields[3] == "01" && remote_ports.contains(&remote) && inodes.contains(fields[9]) {
+                ports.push(local);
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports
+}
+
 /// Every setting of `billing-bin` about security, so a test can clear them.
 pub const BILLING_SECURITY_SETTINGS: &[&str] = &[
     "KAFKA_SECURITY_PROTOCOL",
@@ -128,7 +178,7 @@ pub struct TlsProxy {
 
 impl TlsProxy {
     /// The terminator, for tests that only make sense behind one (their
-    /// names contain `tls_only`); panics without one.
+    /// names contain `tls_proxy_only`); panics without one.
     pub fn get() -> TlsProxy {
         let config = PathBuf::from(
             env("KAFKA_RETRY_TLS_PROXY_CONFIG")
@@ -193,6 +243,9 @@ impl TlsProxy {
 /// Which implementation of Kafka the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrokerKind {
+    /// Apache Kafka, the reference: a cluster of brokers whose nodes the
+    /// fault tests stop, kill and restart.
+    Kafka,
     /// tansu, one broker, with CreateTopics.
     Tansu,
     /// librdkafka's mock cluster: several brokers, fault injection, topics
@@ -202,15 +255,29 @@ pub enum BrokerKind {
     Other,
 }
 
-/// The broker kind: the mock when `$KAFKA_RETRY_MOCK_CONTROL` is set, else
-/// what `$KAFKA_RETRY_BROKER_KIND` says.
+/// The broker kind: the mock when `$KAFKA_RETRY_MOCK_CONTROL` is set, Apache
+/// Kafka when `$KAFKA_RETRY_KAFKA_CLUSTER` is, else what
+/// `$KAFKA_RETRY_BROKER_KIND` says.
 pub fn broker_kind() -> BrokerKind {
     if MockCluster::from_env().is_some() {
         return BrokerKind::Mock;
     }
+    if KafkaCluster::from_env().is_some() {
+        return BrokerKind::Kafka;
+    }
     match std::env::var("KAFKA_RETRY_BROKER_KIND").as_deref() {
-        Ok("tansu") => BrokerKind::Tansu,
+        Ok(kind) if kind.starts_with("tansu") => BrokerKind::Tansu,
         _ => BrokerKind::Other,
+    }
+}
+
+/// The replication factor of the suite's topics: three on Apache Kafka
+/// (with `min.insync.replicas=2`, as production clusters run), one where
+/// there is one broker to hold them.
+pub fn replication_factor() -> i16 {
+    match KafkaCluster::from_env() {
+        Some(cluster) => cluster.brokers().len().min(3) as i16,
+        None => 1,
     }
 }
 
@@ -356,6 +423,220 @@ impl MockCluster {
     }
 }
 
+/// An Apache Kafka cluster that `cargo xtask broker up --kafka` (or
+/// `cargo xtask integration --broker kafka`) started, named by
+/// `$KAFKA_RETRY_KAFKA_CLUSTER`: its nodes, and how to stop, kill and start
+/// each again, for the fault tests that need a real broker.
+#[derive(Debug, Clone)]
+pub struct KafkaCluster {
+    nodes: Vec<KafkaNode>,
+}
+
+/// One node of a [`KafkaCluster`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaNode {
+    /// Its node id (brokers count from 1).
+    pub id: i32,
+    /// Whether it is a broker (else a controller).
+    pub broker: bool,
+    /// Its client address (brokers).
+    pub addr: String,
+    dir: PathBuf,
+}
+
+impl KafkaCluster {
+    /// The cluster of `$KAFKA_RETRY_KAFKA_CLUSTER`, if the suite runs on one.
+    pub fn from_env() -> Option<KafkaCluster> {
+        let dir = PathBuf::from(env("KAFKA_RETRY_KAFKA_CLUSTER")?);
+        let text = std::fs::read_to_string(dir.join("cluster"))
+            .unwrap_or_else(|e| panic!("cannot read {}/cluster: {e}", dir.display()));
+        let nodes = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let id: i32 = fields[1].parse().expect("a node id");
+                KafkaNode {
+                    id,
+                    broker: fields[0] == "broker",
+                    addr: fields[2].to_owned(),
+                    dir: dir.join(format!("node-{id}")),
+                }
+            })
+            .collect();
+        Some(KafkaCluster { nodes })
+    }
+
+    /// The cluster, for tests that only make sense on Apache Kafka (their
+    /// names contain `kafka_only`); panics without one.
+    pub fn get() -> KafkaCluster {
+        KafkaCluster::from_env().unwrap_or_else(|| {
+            panic!(
+                "KAFKA_RETRY_KAFKA_CLUSTER is not set: this test needs Apache Kafka \
+                 (`cargo xtask integration --broker kafka`)"
+            )
+        })
+    }
+
+    /// Its brokers, by id.
+    pub fn brokers(&self) -> Vec<&KafkaNode> {
+        self.nodes.iter().filter(|n| n.broker).collect()
+    }
+
+    /// The broker with `id`.
+    pub fn broker(&self, id: i32) -> &KafkaNode {
+        self.nodes.iter().find(|n| n.broker && n.id == id).unwrap_or_else(|| panic!("no broker {id}"))
+    }
+
+    /// Each partition of `topics` with its leader and in-sync replicas, as
+    /// Apache Kafka's own admin client reads them.
+    pub async fn partitions(&self, topics: &[&str]) -> BTreeMap<String, Vec<PartitionState>> {
+        let output = java_client(&["topics", "--brokers", &broker_addr(), "--topics", &topics.join(",")]).await;
+        let json: serde_json::Value =
+            serde_json::from_str(&output).unwrap_or_else(|e| panic!("the Java client printed no JSON ({e}): {output}"));
+        topics
+            .iter()
+            .map(|topic| {
+                let states = json[*topic]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("no {topic} in {output}"))
+                    .iter()
+                    .map(|p| PartitionState {
+                        partition: p["partition"].as_i64().unwrap() as i32,
+                        leader: p["leader"].as_i64().unwrap() as i32,
+                        isr: p["isr"].as_array().unwrap().iter().map(|n| n.as_i64().unwrap() as i32).collect(),
+                    })
+                    .collect();
+                (topic.to_string(), states)
+            })
+            .collect()
+    }
+
+    /// Waits until every partition of `topics` has every broker in sync
+    /// again (no partition under-replicated), as an operator waits between
+    /// the restarts of a rolling restart.
+    pub async fn wait_fully_replicated(&self, topics: &[&str]) {
+        let brokers = self.brokers().len().min(3);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let states = self.partitions(topics).await;
+            let under: Vec<String> = states
+                .iter()
+                .flat_map(|(t, ps)| {
+                    ps.iter().filter(|p| p.isr.len() < brokers).map(move |p| format!("{t}/{}", p.partition))
+                })
+                .collect();
+            if under.is_empty() {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "partitions under-replicated after 120 s: {under:?}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// A partition as the cluster describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionState {
+    /// The partition.
+    pub partition: i32,
+    /// Its leader's node id (-1: none).
+    pub leader: i32,
+    /// Its in-sync replicas' node ids.
+    pub isr: Vec<i32>,
+}
+
+/// The partition of `__consumer_offsets` (of `partitions`) that holds
+/// `group`'s offsets, whose leader is the group's coordinator: Kafka's
+/// rule, `abs(group.hashCode()) % partitions`, with Java's string hash.
+pub fn offsets_partition(group: &str, partitions: i32) -> i32 {
+    let hash = group.encode_utf16().fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    (hash & 0x7fff_ffff) % partitions
+}
+
+impl KafkaNode {
+    fn pid(&self) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.dir.join("pid")).ok()?.trim().parse().ok()?;
+        let config = self.dir.join("server.properties").display().to_string();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let alive = String::from_utf8_lossy(&cmdline).contains(&config) && !is_zombie(pid);
+        alive.then_some(pid)
+    }
+
+    /// Whether its JVM runs.
+    pub fn is_running(&self) -> bool {
+        self.pid().is_some()
+    }
+
+    /// Kills its JVM at once (SIGKILL), as a crash or an OOM killer would,
+    /// and waits until it is gone.
+    pub async fn kill(&self) {
+        self.signal("KILL").await;
+    }
+
+    /// Stops its JVM gracefully (SIGTERM: a controlled shutdown, its
+    /// partitions' leadership handed over first) and waits until it is gone.
+    pub async fn stop(&self) {
+        self.signal("TERM").await;
+    }
+
+    async fn signal(&self, signal: &str) {
+        let Some(pid) = self.pid() else { panic!("Kafka node {} is not running", self.id) };
+        let sent = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().expect("kill runs");
+        assert!(sent.success(), "cannot signal Kafka node {} (pid {pid})", self.id);
+        let gone = async {
+            while self.pid().is_some() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(60), gone).await.is_err() {
+            panic!("Kafka node {} (pid {pid}) did not end within 60 s of SIG{signal}", self.id);
+        }
+    }
+
+    /// Starts its JVM again with the command it was first started with (same
+    /// ports, same data), and waits until it has started and registered
+    /// with the controller.
+    pub async fn start(&self) {
+        assert!(!self.is_running(), "Kafka node {} runs already", self.id);
+        let log_path = self.dir.join("node.log");
+        let started_before = started_lines(&log_path);
+        let text = std::fs::read_to_string(self.dir.join("command")).expect("the node's command");
+        let mut args = text.lines();
+        let program = args.next().expect("a program");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).unwrap();
+        let mut cmd = Command::new(program);
+        cmd.args(args).current_dir(&self.dir).stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
+        // Its own process group, as xtask starts it, which stops it through
+        // the pid file.
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start Kafka node {}: {e}", self.id));
+        std::fs::write(self.dir.join("pid"), child.id().to_string()).unwrap();
+        // Reaped when it ends; xtask stops it through its pid file.
+        std::thread::spawn(move || child.wait());
+        let up = async {
+            while started_lines(&log_path) <= started_before {
+                assert!(self.is_running(), "Kafka node {} exited while starting; see {}", self.id, log_path.display());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(120), up).await.is_err() {
+            panic!("Kafka node {} did not start within 120 s; see {}", self.id, log_path.display());
+        }
+    }
+}
+
+/// How often a node's log says it started.
+fn started_lines(log: &std::path::Path) -> usize {
+    std::fs::read_to_string(log).map(|t| t.matches("Kafka Server started").count()).unwrap_or(0)
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) == Some("Z"))
+        .unwrap_or(true)
+}
+
 /// Creates `topic` with `partitions` partitions: through CreateTopics, or on
 /// the mock cluster (which lacks it) through its control channel.
 pub async fn create_topic(topic: &str, partitions: i32) {
@@ -364,7 +645,7 @@ pub async fn create_topic(topic: &str, partitions: i32) {
         None => {
             let client = rskafka_client().await;
             let controller = client.controller_client().expect("a controller client");
-            within("create_topic", controller.create_topic(topic, partitions, 1, 10_000))
+            within("create_topic", controller.create_topic(topic, partitions, replication_factor(), 10_000))
                 .await
                 .unwrap_or_else(|e| panic!("cannot create {topic}: {e}"));
         }
@@ -381,6 +662,7 @@ pub async fn create_plan(plan: &retry_kafka::TopicPlan, connection: &retry_kafka
             }
         }
         None => {
+            let plan = plan.clone().with_replication_factor(replication_factor());
             within("create topics", plan.create(connection, true)).await.expect("create the plan's topics");
         }
     }
@@ -448,6 +730,23 @@ pub async fn kafka_client(args: &[&str]) -> String {
     KafkaClientRun::start(args).finish().await
 }
 
+/// Which foreign client runs.
+#[derive(Debug, Clone, Copy)]
+enum Peer {
+    /// `interop/kafka_client.py`: confluent-kafka, over librdkafka.
+    Librdkafka,
+    /// `peers/java/KafkaClientPeer.java`: Apache Kafka's own Java client,
+    /// from the jars of the broker's release (`$KAFKA_RETRY_KAFKA_LIBS`).
+    Java,
+}
+
+/// Runs `peers/java/KafkaClientPeer.java` (the same commands and output as
+/// [`kafka_client`]) and returns its stdout, failing the test as
+/// [`kafka_client`] does.
+pub async fn java_client(args: &[&str]) -> String {
+    KafkaClientRun::start_java(args).finish().await
+}
+
 /// The interop client while it runs: its output lines arrive as it prints
 /// them, so a test can wait for one of its events (an assignment) instead
 /// of guessing how long it takes.
@@ -459,11 +758,20 @@ pub struct KafkaClientRun {
 impl KafkaClientRun {
     /// Starts `interop/kafka_client.py` with `args`.
     pub fn start(args: &[&str]) -> KafkaClientRun {
+        KafkaClientRun::start_peer(Peer::Librdkafka, args)
+    }
+
+    /// Starts `peers/java/KafkaClientPeer.java` with `args`.
+    pub fn start_java(args: &[&str]) -> KafkaClientRun {
+        KafkaClientRun::start_peer(Peer::Java, args)
+    }
+
+    fn start_peer(peer: Peer, args: &[&str]) -> KafkaClientRun {
         let args: Vec<String> = args.iter().map(|&a| a.to_owned()).collect();
         let (sender, lines) = tokio::sync::mpsc::unbounded_channel();
         // Blocking reads and waits, off the test's runtime thread so rskafka's
         // connection tasks keep running.
-        let done = tokio::task::spawn_blocking(move || run_kafka_client(&args, sender));
+        let done = tokio::task::spawn_blocking(move || run_kafka_client(peer, &args, sender));
         KafkaClientRun { lines, done }
     }
 
@@ -490,12 +798,32 @@ impl KafkaClientRun {
     }
 }
 
-fn run_kafka_client(args: &[String], lines: tokio::sync::mpsc::UnboundedSender<String>) -> String {
-    let python = interop_python();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("interop").join("kafka_client.py");
-    let mut cmd = Command::new(&python);
-    cmd.arg(&script).arg("--deadline-s").arg(KAFKA_CLIENT_DEADLINE.as_secs().to_string()).args(args);
-    let shown = format!("{} {} {}", python.display(), script.display(), args.join(" "));
+fn run_kafka_client(peer: Peer, args: &[String], lines: tokio::sync::mpsc::UnboundedSender<String>) -> String {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = match peer {
+        Peer::Librdkafka => {
+            let mut cmd = Command::new(interop_python());
+            cmd.arg(here.join("interop").join("kafka_client.py"));
+            cmd
+        }
+        Peer::Java => {
+            let libs = env("KAFKA_RETRY_KAFKA_LIBS").unwrap_or_else(|| {
+                panic!("KAFKA_RETRY_KAFKA_LIBS is not set: the Java client runs on Apache Kafka's passes")
+            });
+            let mut cmd = Command::new("java");
+            // The client's own log: warnings and worse.
+            cmd.args(["-Xmx256m", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp"])
+                .arg(PathBuf::from(libs).join("*"))
+                .arg(here.join("peers").join("java").join("KafkaClientPeer.java"));
+            cmd
+        }
+    };
+    cmd.arg("--deadline-s").arg(KAFKA_CLIENT_DEADLINE.as_secs().to_string()).args(args);
+    let shown = format!(
+        "{} {}",
+        cmd.get_program().to_string_lossy(),
+        cmd.get_args().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
+    );
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -264,6 +264,18 @@ pub(crate) struct RunArgs {
     /// command lines are visible to every user of the machine.
     #[arg(long, env = "ADMIN_TOKEN_FILE")]
     pub(crate) admin_token_file: Option<std::path::PathBuf>,
+    /// A stable identity of this instance in its consumer groups (Kafka's
+    /// group.instance.id), e.g. its StatefulSet pod name: a restart within
+    /// the session timeout gets its partitions back without a rebalance,
+    /// and the instance does not leave its groups when it stops. Every
+    /// running instance needs its own. Unset: a member that leaves on stop.
+    #[arg(long, env = "KAFKA_GROUP_INSTANCE_ID")]
+    pub(crate) group_instance_id: Option<String>,
+    /// How long the consumer groups wait for a silent member (no heartbeat)
+    /// before they move its partitions; with KAFKA_GROUP_INSTANCE_ID, how
+    /// long a restart may take without a rebalance.
+    #[arg(long, env = "KAFKA_SESSION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub(crate) session_timeout: Duration,
     /// How many events of one partition are charged at once (events of one
     /// key, one after another); 1 charges one event at a time.
     #[arg(long, env = "BILLING_MAX_IN_FLIGHT", default_value_t = 64)]

@@ -124,6 +124,12 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
 
     let mut config = retry_kafka::ListenerConfig::new(connection, &args.group_id, policy)?;
     config.handler_timeout = args.provider_timeout + args.provider_timeout / 2;
+    config.group_instance_id = args.group_instance_id.clone();
+    config.session_timeout = args.session_timeout;
+    // Kafka's advice: a third of the session, so two heartbeats may be late.
+    config.heartbeat_interval = args.session_timeout / 3;
+    // A rebalance lets each charge in flight run its timeout, then commits.
+    config.rebalance_timeout = config.rebalance_timeout.max(config.handler_timeout * 2);
     config.dlq_poll_interval = args.dlq_poll_interval;
     config.window = window;
     config.brake = brake;

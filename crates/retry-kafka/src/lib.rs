@@ -164,6 +164,12 @@ impl ConnectionConfig {
         Ok(self)
     }
 
+    /// The same with every request bounded by `bound` (when shorter).
+    pub(crate) fn bounded(mut self, bound: Duration) -> Self {
+        self.request_timeout = self.request_timeout.min(bound);
+        self
+    }
+
     /// The same with other security settings (checked when they were built).
     pub fn with_security(mut self, security: Security) -> Self {
         self.security = security;

@@ -17,6 +17,8 @@
 //! | `kafka_retry_partition_stalled` | `topic`, `partition` | 1 while the partition's republications keep failing (the broker refuses them), else 0 |
 //! | `kafka_retry_brake_state` | `topic` (the source) | the outage brake: 0 running, 1 probing, 2 paused (absent when the brake is off) |
 //! | `kafka_retry_brake_engagements_total` | `topic` (the source) | how often the brake engaged |
+//! | `kafka_retry_member_evictions_total` | `group` | members the group dropped while they drained their partitions, or fenced by another instance with their `group.instance.id` |
+//! | `kafka_retry_detached_handler_calls` | `topic` | handler calls that ignored their cancellation and still run (the listener is not ready meanwhile) |
 
 use std::time::Duration;
 
@@ -53,6 +55,8 @@ pub(crate) struct Metrics {
     stalled: Family<Labels, Gauge>,
     brake_state: Family<Labels, Gauge>,
     brake_engagements: Family<Labels, Counter>,
+    evictions: Family<Labels, Counter>,
+    detached_calls: Family<Labels, Gauge>,
     stats: Arc<ListenerStats>,
 }
 
@@ -129,6 +133,8 @@ impl Metrics {
             stalled: Family::default(),
             brake_state: Family::default(),
             brake_engagements: Family::default(),
+            evictions: Family::default(),
+            detached_calls: Family::default(),
             stats,
         }
     }
@@ -184,6 +190,16 @@ impl Metrics {
             "kafka_retry_brake_engagements",
             "How often the outage brake engaged",
             self.brake_engagements.clone(),
+        );
+        r.register(
+            "kafka_retry_member_evictions",
+            "Group members dropped by the coordinator while they drained, or fenced by another instance",
+            self.evictions.clone(),
+        );
+        r.register(
+            "kafka_retry_detached_handler_calls",
+            "Handler calls that ignored their cancellation and still run",
+            self.detached_calls.clone(),
         );
     }
 
@@ -248,6 +264,23 @@ impl Metrics {
         self.brake_engagements.get_or_create(&topic(t)).inc();
     }
 
+    pub(crate) fn evicted(&self, group_id: &str) {
+        self.count(|s| &s.evictions);
+        self.evictions.get_or_create(&group(group_id)).inc();
+    }
+
+    /// A handler call on `t` ignored its cancellation (`running`: it runs
+    /// on, detached) or ended at last (`!running`).
+    pub(crate) fn detached_call(&self, t: &str, running: bool) {
+        let gauge = self.detached_calls.get_or_create(&topic(t));
+        if running {
+            self.count(|s| &s.detached_calls);
+            gauge.inc();
+        } else {
+            gauge.dec();
+        }
+    }
+
     pub(crate) fn dlq_backlog(&self, t: &str, backlog: i64) {
         self.dlq_backlog.get_or_create(&topic(t)).set(backlog.max(0));
     }
@@ -276,6 +309,8 @@ mod tests {
         metrics.rebalanced("billing");
         metrics.rebalanced("billing.retry-5s");
         metrics.offset_reset("orders");
+        metrics.evicted("billing");
+        metrics.detached_call("orders", true);
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         let mut text = String::new();
@@ -297,5 +332,9 @@ mod tests {
         assert_eq!((rebalances, snapshot.rebalances), (2, 2));
         let resets = sample(&text, r#"kafka_retry_offset_resets_total{topic="orders"}"#);
         assert_eq!((resets, snapshot.offset_resets), (1, 1));
+        let evictions = sample(&text, r#"kafka_retry_member_evictions_total{group="billing"}"#);
+        assert_eq!((evictions, snapshot.evictions), (1, 1));
+        let detached = sample(&text, r#"kafka_retry_detached_handler_calls{topic="orders"}"#);
+        assert_eq!((detached, snapshot.detached_calls), (1, 1));
     }
 }

@@ -24,6 +24,9 @@ pub struct ListenerStats {
     pub(crate) null_headers_dropped: AtomicU64,
     pub(crate) brake_engagements: AtomicU64,
     pub(crate) held_by_brake: AtomicU64,
+    pub(crate) evictions: AtomicU64,
+    pub(crate) detached_calls: AtomicU64,
+    pub(crate) offset_fetch_failures: AtomicU64,
 }
 
 /// A copy of [`ListenerStats`] at one moment.
@@ -70,6 +73,15 @@ pub struct StatsSnapshot {
     /// Times a record that exhausted the ladder was held back from the
     /// dead-letter topic because the brake was engaged (it ran again later).
     pub held_by_brake: u64,
+    /// Group members dropped by the coordinator while they drained their
+    /// partitions (or fenced by another instance with their instance id).
+    pub evictions: u64,
+    /// Handler calls that ignored their cancellation, given up on and
+    /// left to run detached.
+    pub detached_calls: u64,
+    /// Failed reads of a group's committed offsets at the start of a
+    /// generation (each retried within the generation).
+    pub offset_fetch_failures: u64,
 }
 
 impl ListenerStats {
@@ -94,6 +106,9 @@ impl ListenerStats {
             null_headers_dropped: self.null_headers_dropped.load(Relaxed),
             brake_engagements: self.brake_engagements.load(Relaxed),
             held_by_brake: self.held_by_brake.load(Relaxed),
+            evictions: self.evictions.load(Relaxed),
+            detached_calls: self.detached_calls.load(Relaxed),
+            offset_fetch_failures: self.offset_fetch_failures.load(Relaxed),
         }
     }
 }

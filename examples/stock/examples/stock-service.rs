@@ -7,7 +7,8 @@
 //!
 //! Settings, from the environment: `INVENTORY_URL` (required), `STOCK_TOPIC`
 //! (`orders.confirmed`), `STOCK_GROUP` (`stock`), `STOCK_RETRY_SCHEDULE`
-//! (`1m,10m,1h`), `STOCK_PARTITIONS` (3, for `create-topics`), and the
+//! (`1m,10m,1h`), `STOCK_PARTITIONS` (3) and `STOCK_REPLICATION_FACTOR` (3)
+//! for `create-topics`, and the
 //! `KAFKA_*` connection settings of [`retry_kafka::ConnectionSettings`].
 
 use std::{error::Error, process::ExitCode, sync::Arc, time::Duration};
@@ -36,7 +37,10 @@ async fn run() -> Result<(), Box<dyn Error>> {
     let topology = RetryTopology::new(&setting("STOCK_TOPIC", "orders.confirmed"), &schedule)?;
     if std::env::args().nth(1).as_deref() == Some("create-topics") {
         let partitions = setting("STOCK_PARTITIONS", "3").parse().map_err(|e| format!("STOCK_PARTITIONS: {e}"))?;
-        for created in TopicPlan::new(topology, partitions).create(&connection, true).await? {
+        let replication =
+            setting("STOCK_REPLICATION_FACTOR", "3").parse().map_err(|e| format!("STOCK_REPLICATION_FACTOR: {e}"))?;
+        let plan = TopicPlan::new(topology, partitions).with_replication_factor(replication);
+        for created in plan.create(&connection, true).await? {
             println!("{}: {:?}", created.topic, created.created);
         }
         return Ok(());

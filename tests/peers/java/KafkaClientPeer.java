@@ -26,6 +26,9 @@ import java.util.TreeMap;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.ConsumerGroupDescription;
+import org.apache.kafka.clients.admin.MemberDescription;
 import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -55,10 +58,12 @@ public class KafkaClientPeer {
             switch (args.get("command")) {
                 case "committed" -> committed(args);
                 case "consume" -> consume(args);
+                case "describe" -> describe(args);
+                case "topics" -> topics(args);
                 default -> throw new IllegalArgumentException("unknown command " + args.get("command"));
             }
         } catch (Exception e) {
-            System.err.println("error: " + e);
+            System.err.println("error: " + e + (e.getCause() == null ? "" : " (" + e.getCause() + ")"));
             System.exit(1);
         }
         System.exit(0);
@@ -77,9 +82,17 @@ public class KafkaClientPeer {
                 args.put(a.substring(2), "true");
             }
         }
-        for (String required : List.of("command", "brokers", "group", "topic")) {
-            if (!args.containsKey(required)) {
-                throw new IllegalArgumentException("--" + required + " is required");
+        if (!args.containsKey("command")) {
+            throw new IllegalArgumentException("a command is required: committed, consume, describe or topics");
+        }
+        List<String> required = switch (args.get("command")) {
+            case "describe" -> List.of("brokers", "group");
+            case "topics" -> List.of("brokers", "topics");
+            default -> List.of("brokers", "group", "topic");
+        };
+        for (String name : required) {
+            if (!args.containsKey(name)) {
+                throw new IllegalArgumentException("--" + name + " is required");
             }
         }
         return args;
@@ -151,6 +164,67 @@ public class KafkaClientPeer {
             StringBuilder out = new StringBuilder("{");
             result.forEach((p, o) -> out.append(out.length() > 1 ? "," : "").append(json(String.valueOf(p))).append(":").append(o));
             System.out.println(out.append("}"));
+        }
+    }
+
+    static Properties adminConfig(Map<String, String> args) throws Exception {
+        Properties p = new Properties();
+        p.put("bootstrap.servers", args.get("brokers"));
+        p.put("client.id", "kafka-retry-java-peer");
+        p.put("request.timeout.ms", String.valueOf(REQUEST_TIMEOUT.toMillis()));
+        p.put("default.api.timeout.ms", String.valueOf(REQUEST_TIMEOUT.toMillis()));
+        security(p);
+        return p;
+    }
+
+    /** Prints each topic's partitions with their leader and in-sync replicas (node ids). */
+    static void topics(Map<String, String> args) throws Exception {
+        try (Admin admin = Admin.create(adminConfig(args))) {
+            List<String> names = List.of(args.get("topics").split(","));
+            var described = admin.describeTopics(names).allTopicNames().get(REQUEST_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS);
+            StringBuilder out = new StringBuilder("{");
+            for (String name : names) {
+                if (out.length() > 1) {
+                    out.append(",");
+                }
+                out.append(json(name)).append(":[");
+                boolean first = true;
+                for (var partition : described.get(name).partitions()) {
+                    out.append(first ? "" : ",");
+                    first = false;
+                    List<Integer> isr = new ArrayList<>();
+                    partition.isr().forEach(n -> isr.add(n.id()));
+                    isr.sort(null);
+                    int leader = partition.leader() == null ? -1 : partition.leader().id();
+                    out.append("{\"partition\":").append(partition.partition()).append(",\"leader\":").append(leader)
+                        .append(",\"isr\":").append(isr.toString().replace(" ", "")).append("}");
+                }
+                out.append("]");
+            }
+            emit(out.append("}").toString());
+        }
+    }
+
+    /** Prints the group as its coordinator describes it: state, coordinator, members, their instance ids and partitions. */
+    static void describe(Map<String, String> args) throws Exception {
+        try (Admin admin = Admin.create(adminConfig(args))) {
+            ConsumerGroupDescription d = admin.describeConsumerGroups(List.of(args.get("group")))
+                .describedGroups().get(args.get("group")).get(REQUEST_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS);
+            StringBuilder members = new StringBuilder("[");
+            for (MemberDescription m : d.members()) {
+                if (members.length() > 1) {
+                    members.append(",");
+                }
+                List<Integer> ps = new ArrayList<>();
+                m.assignment().topicPartitions().forEach(tp -> ps.add(tp.partition()));
+                ps.sort(null);
+                members.append("{\"member\":").append(json(m.consumerId()))
+                    .append(",\"instance\":").append(m.groupInstanceId().map(KafkaClientPeer::json).orElse("null"))
+                    .append(",\"partitions\":").append(ps.toString().replace(" ", "")).append("}");
+            }
+            int coordinator = d.coordinator() == null ? -1 : d.coordinator().id();
+            emit("{\"state\":" + json(d.groupState().toString()) + ",\"coordinator\":" + coordinator
+                + ",\"members\":" + members.append("]") + "}");
         }
     }
 

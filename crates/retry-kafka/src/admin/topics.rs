@@ -114,8 +114,15 @@ impl TopicPlan {
         let specs: Vec<TopicSpec> =
             self.specs().into_iter().filter(|s| include_source || s.role != TopicRole::Source).collect();
         let outcome = create_topics(config, &specs).await?;
+        let cluster = Cluster::connect(config).await?;
+        // A cluster answers CreateTopics once its controller created them;
+        // each broker learns of them a moment later, and the one a metadata
+        // request reaches may not know them yet.
+        let created: Vec<&str> =
+            outcome.iter().filter(|c| c.created == Created::Created).map(|c| c.topic.as_str()).collect();
+        wait_until_listed(&cluster, &created, config.request_timeout).await?;
         // Existing topics must still have the right shape.
-        self.verify_with(&Cluster::connect(config).await?).await?;
+        self.verify_with(&cluster).await?;
         Ok(outcome)
     }
 
@@ -153,6 +160,21 @@ impl TopicPlan {
         } else {
             Err(Error::Topics(TopicProblems(problems)))
         }
+    }
+}
+
+/// Waits until a metadata listing shows every topic of `topics`, for at
+/// most `timeout`; then lets the caller's verification say what is missing.
+async fn wait_until_listed(cluster: &Cluster, topics: &[&str], timeout: Duration) -> Result<()> {
+    let mut pauses = crate::backoff::pauses(Duration::from_millis(20), Duration::from_millis(500));
+    let give_up = tokio::time::Instant::now() + timeout;
+    loop {
+        let listed = cluster.list_topics().await?;
+        let missing = topics.iter().filter(|t| !listed.iter().any(|l| l.name == **t)).count();
+        if missing == 0 || tokio::time::Instant::now() >= give_up {
+            return Ok(());
+        }
+        tokio::time::sleep(pauses.next()).await;
     }
 }
 

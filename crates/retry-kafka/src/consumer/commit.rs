@@ -15,34 +15,47 @@ use std::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::{backoff::pauses, metrics::Metrics, protocol::group::GroupClient, ListenerConfig, TopicPartition};
+use crate::{
+    backoff::pauses, consumer::position::Finished, metrics::Metrics, protocol::group::GroupClient, ConnectionConfig,
+    TopicPartition,
+};
 
-/// The highest finished offset of each partition a member consumed, kept
-/// across its generations (see [`crate::consumer::position::resume_at`]).
-pub(crate) type Progress = Arc<Mutex<BTreeMap<TopicPartition, i64>>>;
+/// How far a member finished each partition it consumed, and in which
+/// generation, kept across its generations (see
+/// [`crate::consumer::position::resume_at`]).
+pub(crate) type Progress = Arc<Mutex<BTreeMap<TopicPartition, Finished>>>;
 
 /// Where workers report finished offsets.
 #[derive(Default)]
 pub(crate) struct CommitTracker {
     pending: Mutex<BTreeMap<TopicPartition, i64>>,
     progress: Progress,
+    /// The generation the finished offsets belong to.
+    generation: i32,
     done_since_commit: std::sync::atomic::AtomicUsize,
     batch_full: Notify,
     batch_size: usize,
 }
 
 impl CommitTracker {
-    pub(crate) fn new(batch_size: usize, progress: Progress) -> Self {
-        CommitTracker { batch_size: batch_size.max(1), progress, ..Default::default() }
+    pub(crate) fn new(batch_size: usize, progress: Progress, generation: i32) -> Self {
+        CommitTracker { batch_size: batch_size.max(1), progress, generation, ..Default::default() }
     }
 
     /// Records that every record of `tp` before `next_offset` is done.
     pub(crate) fn done(&self, tp: &TopicPartition, next_offset: i64) {
-        for map in [&self.pending, &*self.progress] {
-            let mut map = map.lock().expect("no panics while holding the lock");
-            let entry = map.entry(tp.clone()).or_insert(next_offset);
+        {
+            let mut pending = self.pending.lock().expect("no panics while holding the lock");
+            let entry = pending.entry(tp.clone()).or_insert(next_offset);
             *entry = (*entry).max(next_offset);
         }
+        let mut progress = self.progress.lock().expect("no panics while holding the lock");
+        let finished = Finished { offset: next_offset, generation: self.generation };
+        let entry = progress.entry(tp.clone()).or_insert(finished);
+        if entry.generation != self.generation || entry.offset < next_offset {
+            *entry = finished;
+        }
+        drop(progress);
         let n = self.done_since_commit.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         if n >= self.batch_size {
             self.batch_full.notify_one();
@@ -53,9 +66,9 @@ impl CommitTracker {
     /// truncated or recreated): what was finished before means nothing now,
     /// so both what is pending and the member's progress start over there.
     pub(crate) fn reset(&self, tp: &TopicPartition, offset: i64) {
-        for map in [&self.pending, &*self.progress] {
-            map.lock().expect("no panics while holding the lock").insert(tp.clone(), offset);
-        }
+        self.pending.lock().expect("no panics while holding the lock").insert(tp.clone(), offset);
+        let finished = Finished { offset, generation: self.generation };
+        self.progress.lock().expect("no panics while holding the lock").insert(tp.clone(), finished);
     }
 
     fn take(&self) -> BTreeMap<TopicPartition, i64> {
@@ -79,21 +92,33 @@ pub(crate) struct Committer {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// Where and how often a member commits.
+pub(crate) struct CommitSettings<'a> {
+    /// The coordinator's connections, their requests bounded within the session.
+    pub(crate) connection: &'a ConnectionConfig,
+    pub(crate) group_id: &'a str,
+    /// A static member's instance id.
+    pub(crate) instance_id: Option<&'a str>,
+    /// Commit at least this often...
+    pub(crate) interval: Duration,
+    /// ...or as soon as this many records finished.
+    pub(crate) batch: usize,
+}
+
 impl Committer {
-    /// Starts committing for `member_id` of generation `generation_id` of
-    /// `group_id`, every `config.commit_interval` or `config.commit_batch` records.
+    /// Starts committing for `member_id` of generation `generation_id`.
     pub(crate) fn start(
-        config: &ListenerConfig,
-        group_id: &str,
+        settings: CommitSettings<'_>,
         generation_id: i32,
         member_id: String,
         metrics: Metrics,
         progress: Progress,
     ) -> Self {
-        let interval = config.commit_interval;
-        let tracker = Arc::new(CommitTracker::new(config.commit_batch, progress));
+        let interval = settings.interval;
+        let tracker = Arc::new(CommitTracker::new(settings.batch, progress, generation_id));
         let stop = CancellationToken::new();
-        let mut client = GroupClient::new(config.connection.clone(), group_id);
+        let mut client =
+            GroupClient::new(settings.connection.clone(), settings.group_id).with_instance_id(settings.instance_id);
         let task = {
             let tracker = tracker.clone();
             let stop = stop.clone();
@@ -161,17 +186,23 @@ mod tests {
     }
 
     #[test]
-    fn finished_offsets_only_grow_until_a_reset() {
+    fn finished_offsets_only_grow_within_a_generation_until_a_reset() {
         let progress = Progress::default();
-        let tracker = CommitTracker::new(10, progress.clone());
+        let finished = |offset, generation| Finished { offset, generation };
+        let tracker = CommitTracker::new(10, progress.clone(), 3);
         tracker.done(&tp(), 100);
         tracker.done(&tp(), 90); // a late report never moves it back
-        assert_eq!(progress.lock().unwrap()[&tp()], 100);
+        assert_eq!(progress.lock().unwrap()[&tp()], finished(100, 3));
         // The log was truncated and the position reset: start over there.
         tracker.reset(&tp(), 40);
-        assert_eq!(progress.lock().unwrap()[&tp()], 40);
+        assert_eq!(progress.lock().unwrap()[&tp()], finished(40, 3));
         assert_eq!(tracker.take(), BTreeMap::from([(tp(), 40)]));
         tracker.done(&tp(), 41);
-        assert_eq!(progress.lock().unwrap()[&tp()], 41);
+        assert_eq!(progress.lock().unwrap()[&tp()], finished(41, 3));
+        // A later generation's report replaces it, even below it: what
+        // counts is how far this member got in the generation it reports.
+        let later = CommitTracker::new(10, progress.clone(), 5);
+        later.done(&tp(), 20);
+        assert_eq!(progress.lock().unwrap()[&tp()], finished(20, 5));
     }
 }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admin::dlq::BacklogMonitor,
-    consumer::{brake::SharedBrake, member::Member},
+    consumer::{brake::SharedBrake, member::Member, session},
     metrics::Metrics,
     publisher::Publisher,
     stats::ListenerStats,
@@ -40,17 +40,33 @@ pub struct ListenerConfig {
     /// The ladder's topics and decisions.
     policy: RetryPolicy,
     /// The group session timeout: without a heartbeat for this long, the
-    /// coordinator drops the member.
+    /// coordinator drops the member. Requests to the coordinator are
+    /// bounded by half of it (or the request timeout, if shorter), and a
+    /// heartbeat by what is left of it: a member never works on for long
+    /// on partitions the group may have given to another.
     pub session_timeout: Duration,
-    /// How long the coordinator waits for members to rejoin in a rebalance.
+    /// How long the coordinator waits for members to rejoin in a rebalance:
+    /// longer than a revoked member's drain (its calls' time, aborting what
+    /// outlives them, a last commit), which [`Listener::start`] checks.
     pub rebalance_timeout: Duration,
-    /// How often heartbeats are sent (well below the session timeout).
+    /// How often heartbeats are sent (at most half the session timeout).
     pub heartbeat_interval: Duration,
     /// How long one handler call may take; longer is a transient failure.
+    /// A rebalance lets every call in flight run its time.
     pub handler_timeout: Duration,
-    /// On shutdown or revocation, how long records in flight may finish
-    /// before they are abandoned (and redelivered to the next owner).
+    /// On shutdown, how long records in flight may finish before they are
+    /// abandoned (and redelivered to the next owner). A rebalance waits
+    /// the longer of this and `handler_timeout`.
     pub shutdown_grace: Duration,
+    /// A stable identity of this instance in its groups (Kafka's
+    /// `group.instance.id`, KIP-345), e.g. a StatefulSet pod's name: a
+    /// restart within the session timeout gets its partitions back with no
+    /// rebalance, and the instance does not leave its groups on shutdown
+    /// (its partitions wait for it for a session). Two running instances
+    /// must never share one: the coordinator fences the older, which then
+    /// stops consuming and reports itself not ready. `None`: a dynamic
+    /// member, which leaves on shutdown.
+    pub group_instance_id: Option<String>,
     /// Commit finished offsets at least this often...
     pub commit_interval: Duration,
     /// ...or as soon as this many records finished.
@@ -103,9 +119,10 @@ pub struct ListenerConfig {
 }
 
 impl ListenerConfig {
-    /// A config with defaults: 10 s session, 3 s heartbeats, 30 s handler
-    /// timeout, 10 s grace, commits every second or 100 records, 1 MiB fetches
-    /// (64 KiB on retry rungs), 64 records in flight per partition.
+    /// A config with defaults: 10 s session, 3 s heartbeats, 60 s rebalance
+    /// timeout, 30 s handler timeout, 10 s shutdown grace, a dynamic member,
+    /// commits every second or 100 records, 1 MiB fetches (64 KiB on retry
+    /// rungs), 64 records in flight per partition.
     ///
     /// `group_id` is the source topic's consumer group; the other groups
     /// derive from it ([`LadderGroups`]: rung `n` uses `<group_id>.retry-<label>`,
@@ -118,10 +135,11 @@ impl ListenerConfig {
             groups,
             policy,
             session_timeout: Duration::from_secs(10),
-            rebalance_timeout: Duration::from_secs(30),
+            rebalance_timeout: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(3),
             handler_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
+            group_instance_id: None,
             commit_interval: Duration::from_secs(1),
             commit_batch: 100,
             fetch_max_bytes: 1 << 20,
@@ -149,26 +167,53 @@ impl ListenerConfig {
         &self.groups
     }
 
+    /// The timing settings, to check and use together.
+    pub(crate) fn timings(&self) -> session::Timings {
+        session::Timings {
+            request_timeout: self.connection.request_timeout,
+            session_timeout: self.session_timeout,
+            heartbeat_interval: self.heartbeat_interval,
+            rebalance_timeout: self.rebalance_timeout,
+            handler_timeout: self.handler_timeout,
+            shutdown_grace: self.shutdown_grace,
+        }
+    }
+
+    /// The coordinator's connections: requests bounded within the session.
+    pub(crate) fn group_connection(&self) -> ConnectionConfig {
+        let bound = session::request_bound(self.connection.request_timeout, self.session_timeout);
+        self.connection.clone().bounded(bound)
+    }
+
     fn validate(&self) -> Result<()> {
-        let problem = if self.heartbeat_interval >= self.session_timeout {
-            Some("heartbeat_interval must be shorter than session_timeout")
-        } else if self.handler_timeout.is_zero() {
-            Some("handler_timeout must be positive")
+        let problem = if let Some(p) = self.timings().problem() {
+            Some(p)
         } else if self.fetch_max_bytes < 1024 || self.retry_fetch_max_bytes < 1024 {
-            Some("fetch_max_bytes and retry_fetch_max_bytes must be at least 1024")
+            Some("fetch_max_bytes and retry_fetch_max_bytes must be at least 1024".to_owned())
         } else if self.publish_backoff_initial.is_zero() || self.publish_backoff_initial > self.publish_backoff_max {
-            Some("publish_backoff_initial must be positive and at most publish_backoff_max")
+            Some("publish_backoff_initial must be positive and at most publish_backoff_max".to_owned())
         } else if self.publish_max_request_bytes < 1024 {
-            Some("publish_max_request_bytes must be at least 1024")
-        } else if self.shutdown_grace >= self.rebalance_timeout {
-            Some("shutdown_grace must be shorter than rebalance_timeout, or a rebalance evicts us")
+            Some("publish_max_request_bytes must be at least 1024".to_owned())
         } else {
-            None
+            self.group_instance_id.as_deref().and_then(instance_id_problem)
         };
         match problem {
-            Some(p) => Err(Error::Config(p.to_owned())),
+            Some(p) => Err(Error::Config(p)),
             None => Ok(()),
         }
+    }
+}
+
+/// Why `id` cannot be a `group.instance.id`: Kafka takes what a topic
+/// name may be (at most 249 of `a-z A-Z 0-9 . _ -`).
+fn instance_id_problem(id: &str) -> Option<String> {
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if id.is_empty() || id.len() > 249 || !id.chars().all(legal) || id == "." || id == ".." {
+        Some(format!(
+            "group_instance_id {id:?} is not a valid group.instance.id: 1 to 249 of a-z, A-Z, 0-9, '.', '_' and '-'"
+        ))
+    } else {
+        None
     }
 }
 
@@ -186,8 +231,28 @@ pub(crate) struct Shared<H> {
     pub(crate) members_joined: std::sync::atomic::AtomicUsize,
     /// How many partitions cannot publish (see `publish_stall_after`).
     pub(crate) stalled: Arc<std::sync::atomic::AtomicUsize>,
+    /// How many troubles make the listener not ready besides stalls (see [`Impaired`]).
+    pub(crate) impaired: Arc<std::sync::atomic::AtomicUsize>,
     /// The listener's outage brake, shared by every worker.
     pub(crate) brake: SharedBrake,
+}
+
+/// A trouble that makes the listener not ready for as long as this lives:
+/// a handler call that ignored its cancellation and runs on, a member that
+/// rejoins after the group evicted it, or one fenced for good.
+pub(crate) struct Impaired(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Impaired {
+    pub(crate) fn new<H>(shared: &Shared<H>) -> Impaired {
+        shared.impaired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Impaired(shared.impaired.clone())
+    }
+}
+
+impl Drop for Impaired {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// A running listener. Dropping it stops nothing: call
@@ -207,7 +272,9 @@ pub struct Readiness(Arc<dyn Fn() -> bool + Send + Sync>);
 
 impl Readiness {
     /// True once every group member has received its first assignment, and
-    /// while no partition is stalled.
+    /// while no partition is stalled, no handler call outlives its
+    /// abandonment, no member rejoins after the group evicted it, and none
+    /// was fenced by another instance with its `group_instance_id`.
     pub fn is_ready(&self) -> bool {
         (self.0)()
     }
@@ -235,6 +302,7 @@ impl Listener {
             handler,
             members_joined: Default::default(),
             stalled: Default::default(),
+            impaired: Default::default(),
             brake: SharedBrake::new(config.brake, metrics.clone(), config.policy.topology().source_topic().as_str()),
             metrics: metrics.clone(),
             config,
@@ -252,7 +320,9 @@ impl Listener {
             let shared = shared.clone();
             Readiness(Arc::new(move || {
                 use std::sync::atomic::Ordering::Relaxed;
-                shared.members_joined.load(Relaxed) >= members && shared.stalled.load(Relaxed) == 0
+                shared.members_joined.load(Relaxed) >= members
+                    && shared.stalled.load(Relaxed) == 0
+                    && shared.impaired.load(Relaxed) == 0
             }))
         };
         let monitor = BacklogMonitor {
@@ -270,8 +340,10 @@ impl Listener {
     }
 
     /// Whether every group member has received its first assignment (the
-    /// topics were verified and the listener takes part in all its groups)
-    /// and no partition is stalled on republications the broker refuses.
+    /// topics were verified and the listener takes part in all its groups),
+    /// no partition is stalled on republications the broker refuses, no
+    /// handler call ignored its cancellation and runs on, and no member is
+    /// evicted or fenced (see [`Readiness::is_ready`]).
     pub fn is_ready(&self) -> bool {
         self.ready.is_ready()
     }

@@ -8,6 +8,13 @@
 //! completes a generation without its leader's assignment, or announces a
 //! rebalance and never starts one, costs a rejoin, not partitions that
 //! nobody consumes after a member crashed.
+//!
+//! Every request to the coordinator is bounded within the session (see
+//! [`session`]); the committed offsets a generation starts from are read
+//! beside its heartbeats and retried within it, as Kafka's own consumer
+//! does, so a coordinator that moved costs a pause, not a rebalance. A
+//! static member (`group_instance_id`) never leaves on shutdown, and one
+//! that another instance fenced stops for good.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -18,9 +25,9 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     backoff::pauses,
     consumer::{
-        commit::{Committer, Progress},
-        listener::Shared,
-        position,
+        commit::{CommitSettings, Committer, Progress},
+        listener::{Impaired, Shared},
+        position, session,
         worker::{StopSignals, Worker},
     },
     protocol::{assignor, group::GroupClient, ResponseError},
@@ -32,13 +39,13 @@ enum End {
     Shutdown,
     /// The coordinator ended it (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION).
     Over,
-    /// We cannot go on in it (committed offsets unreadable).
-    Rejoin,
     /// The coordinator forgot us, or we lost it for a whole session.
     RejoinAsNewMember,
     /// We joined it as a follower, were assigned nothing, and rejoin once
     /// to confirm that it has a leader (see [`Expectation::FollowerIn`]).
     Recheck,
+    /// Another instance joined with our `group_instance_id`: we stop.
+    Fenced,
 }
 
 /// What the next JoinGroup answer must show, given how the last generation
@@ -104,6 +111,8 @@ enum AfterJoinError {
     Rejoin,
     /// The coordinator forgot our member id: rejoin soon as a new member.
     RejoinAsNewMember,
+    /// Another instance joined with our `group_instance_id`: stop.
+    Fenced,
     /// Our side of things failed: back off, then rejoin.
     BackOff,
 }
@@ -112,7 +121,8 @@ impl AfterJoinError {
     fn of(error: Option<ResponseError>) -> Self {
         match error {
             Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration) => AfterJoinError::Rejoin,
-            Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId) => AfterJoinError::RejoinAsNewMember,
+            Some(ResponseError::UnknownMemberId) => AfterJoinError::RejoinAsNewMember,
+            Some(ResponseError::FencedInstanceId) => AfterJoinError::Fenced,
             _ => AfterJoinError::BackOff,
         }
     }
@@ -133,6 +143,7 @@ enum EndKind {
     Over,
     RejoinAsNewMember,
     Recheck,
+    Fenced,
 }
 
 impl AfterHeartbeat {
@@ -146,11 +157,31 @@ impl AfterHeartbeat {
             Err(Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration)) => {
                 AfterHeartbeat::End(EndKind::Over)
             }
-            Err(Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId)) => {
-                AfterHeartbeat::End(EndKind::RejoinAsNewMember)
-            }
-            Err(_) if silent_for > session => AfterHeartbeat::End(EndKind::RejoinAsNewMember),
+            Err(Some(ResponseError::UnknownMemberId)) => AfterHeartbeat::End(EndKind::RejoinAsNewMember),
+            Err(Some(ResponseError::FencedInstanceId)) => AfterHeartbeat::End(EndKind::Fenced),
+            Err(_) if silent_for >= session => AfterHeartbeat::End(EndKind::RejoinAsNewMember),
             Err(_) => AfterHeartbeat::Continue,
+        }
+    }
+}
+
+/// What a heartbeat sent while the member drains its partitions says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WhileDraining {
+    /// The session holds (REBALANCE_IN_PROGRESS is the expected answer):
+    /// drain on.
+    Holds,
+    /// The coordinator dropped us (the drain outlived the rebalance), or
+    /// another instance took our instance id: the partitions are someone
+    /// else's now; abandon what is in flight at once.
+    Evicted,
+}
+
+impl WhileDraining {
+    fn of(answer: Result<(), Option<ResponseError>>) -> Self {
+        match answer {
+            Err(Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId)) => WhileDraining::Evicted,
+            _ => WhileDraining::Holds,
         }
     }
 }
@@ -184,7 +215,9 @@ pub(crate) struct Member<H> {
 impl<H: RecordHandler> Member<H> {
     pub(crate) async fn run(self) {
         let config = &self.shared.config;
-        let mut client = GroupClient::new(config.connection.clone(), &self.group_id);
+        let connection = config.group_connection();
+        let instance = config.group_instance_id.as_deref();
+        let mut client = GroupClient::new(connection, &self.group_id).with_instance_id(instance);
         let mut member_id = String::new();
         let mut expectation = Expectation::Anything;
         // The last generation re-checked: once per generation is enough.
@@ -192,12 +225,21 @@ impl<H: RecordHandler> Member<H> {
         let mut backoff = pauses(INITIAL_BACKOFF, MAX_BACKOFF);
         let mut joined_once = false;
         let progress = Progress::default();
+        // Not ready while rejoining after the group evicted us.
+        let mut _evicted: Option<Impaired> = None;
         loop {
             if self.shutdown.is_cancelled() {
+                self.leave(&mut client, &member_id).await;
                 return;
             }
             let round = tokio::select! {
-                _ = self.shutdown.cancelled() => return,
+                _ = self.shutdown.cancelled() => {
+                    // The coordinator may know us already (it named us in
+                    // MEMBER_ID_REQUIRED, or holds our join): without a
+                    // leave, the group would wait a session for us.
+                    self.leave(&mut client, &member_id).await;
+                    return;
+                }
                 result = self.join(&mut client, &mut member_id, &mut expectation) => result,
             };
             let (generation_id, leader, assigned, counted) = match round {
@@ -209,7 +251,7 @@ impl<H: RecordHandler> Member<H> {
                     if let Err(e) = client.leave(&member_id).await {
                         tracing::debug!(group = %self.group_id, error = %e, "leaving the stale membership failed");
                     }
-                    member_id.clear();
+                    self.forget(&mut member_id, &progress);
                     expectation = Expectation::Anything;
                     continue;
                 }
@@ -221,10 +263,11 @@ impl<H: RecordHandler> Member<H> {
                         }
                         AfterJoinError::RejoinAsNewMember => {
                             tracing::info!(group = %self.group_id, error = %e, "the coordinator forgot us; joining as a new member");
-                            member_id.clear();
+                            self.forget(&mut member_id, &progress);
                             expectation = Expectation::Anything;
                             REJOIN_PAUSE
                         }
+                        AfterJoinError::Fenced => return self.fenced(),
                         AfterJoinError::BackOff => {
                             let pause = backoff.next();
                             tracing::warn!(group = %self.group_id, error = %e, retry_in_ms = pause.as_millis() as u64, "joining the group failed; retrying");
@@ -232,13 +275,14 @@ impl<H: RecordHandler> Member<H> {
                         }
                     };
                     tokio::select! {
-                        _ = self.shutdown.cancelled() => return,
+                        _ = self.shutdown.cancelled() => {}
                         _ = tokio::time::sleep(pause) => {}
                     }
                     continue;
                 }
             };
             self.shared.metrics.rebalanced(&self.group_id);
+            _evicted = None;
             if !joined_once {
                 joined_once = true;
                 self.shared.members_joined.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -253,30 +297,62 @@ impl<H: RecordHandler> Member<H> {
             }
             let generation =
                 Generation { id: generation_id, member_id: member_id.clone(), partitions: assigned, recheck, counted };
-            let end = self.run_generation(&mut client, &generation, &progress).await;
-            if !matches!(end, End::Rejoin) {
-                backoff.reset();
+            let (end, was_evicted) = self.run_generation(&mut client, &generation, &progress).await;
+            backoff.reset();
+            if was_evicted {
+                self.shared.metrics.evicted(&self.group_id);
+                _evicted = Some(Impaired::new(&self.shared));
             }
             match end {
                 End::Shutdown => {
-                    if let Err(e) = client.leave(&member_id).await {
-                        tracing::warn!(group = %self.group_id, error = %e, "leaving the group failed; the coordinator will expire us");
-                    }
+                    self.leave(&mut client, &member_id).await;
                     return;
                 }
                 End::Over => expectation = Expectation::NewerThan(generation_id),
-                End::Rejoin => {
-                    // Our trouble, not the group's: pause so it cannot spin.
-                    tokio::select! {
-                        _ = self.shutdown.cancelled() => return,
-                        _ = tokio::time::sleep(backoff.next()) => {}
-                    }
-                    continue;
+                End::RejoinAsNewMember => {
+                    self.forget(&mut member_id, &progress);
+                    expectation = Expectation::Anything;
                 }
-                End::RejoinAsNewMember => member_id.clear(),
                 End::Recheck => expectation = Expectation::FollowerIn(generation_id),
+                End::Fenced => return self.fenced(),
             }
         }
+    }
+
+    /// Leaves the group as `member_id`, if the coordinator knows us by one,
+    /// so the group moves our partitions at once instead of after our
+    /// session; bounded like every group request. A static member never
+    /// leaves: its partitions wait a session for it to come back.
+    async fn leave(&self, client: &mut GroupClient, member_id: &str) {
+        if member_id.is_empty() || self.shared.config.group_instance_id.is_some() {
+            return;
+        }
+        if let Err(e) = client.leave(member_id).await {
+            tracing::warn!(group = %self.group_id, error = %e, "leaving the group failed; the coordinator will expire us");
+        }
+    }
+
+    /// Joins as a new member next: the coordinator forgot `member_id`, and
+    /// the group may have run generations without us meanwhile, so what we
+    /// finished then says nothing of where a partition stands now.
+    fn forget(&self, member_id: &mut String, progress: &Progress) {
+        member_id.clear();
+        progress.lock().expect("no panics while holding the lock").clear();
+    }
+
+    /// Another instance joined with our `group_instance_id`: two instances
+    /// share one, which the coordinator resolves by fencing the older. Going
+    /// on would fence the other in turn, forever; this member stops, and
+    /// the listener stays not ready.
+    fn fenced(&self) {
+        tracing::error!(
+            group = %self.group_id,
+            instance = ?self.shared.config.group_instance_id,
+            "another instance joined the group with this group_instance_id, and the coordinator fenced this one: \
+             two running instances share an instance id; this member stops consuming (give each instance its own)"
+        );
+        self.shared.metrics.evicted(&self.group_id);
+        std::mem::forget(Impaired::new(&self.shared));
     }
 
     /// JoinGroup then SyncGroup; the leader assigns with the range
@@ -319,8 +395,18 @@ impl<H: RecordHandler> Member<H> {
         }
     }
 
+    /// The leader's count of its members' topics' partitions, bounded
+    /// within the session: the followers wait in SyncGroup meanwhile, and
+    /// the coordinator drops a leader that does not come back in time.
     async fn partition_counts(&self, members: &BTreeMap<String, Vec<String>>) -> crate::Result<BTreeMap<String, i32>> {
-        let topics = self.shared.cluster.list_topics().await?;
+        let config = &self.shared.config;
+        let bound = session::request_bound(config.connection.request_timeout, config.session_timeout);
+        let topics = match tokio::time::timeout(bound, self.shared.cluster.list_topics()).await {
+            Ok(topics) => topics?,
+            Err(_) => {
+                return Err(crate::Error::Deadline { what: "counting the group's partitions".into(), timeout: bound })
+            }
+        };
         let wanted: std::collections::BTreeSet<&String> = members.values().flatten().collect();
         Ok(topics
             .into_iter()
@@ -329,12 +415,50 @@ impl<H: RecordHandler> Member<H> {
             .collect())
     }
 
-    async fn run_generation(&self, client: &mut GroupClient, generation: &Generation, progress: &Progress) -> End {
+    /// The group's committed offsets of `tps`, read on a connection of our
+    /// own (the heartbeats keep theirs) and retried until they come:
+    /// within a generation, a coordinator that moved, still loads the
+    /// group, or has an offset commit of a transaction pending answers
+    /// again a moment later. The caller drops this when the generation
+    /// ends first.
+    async fn committed_offsets(&self, tps: &[TopicPartition]) -> BTreeMap<TopicPartition, Option<i64>> {
+        let config = &self.shared.config;
+        let mut client = GroupClient::new(config.group_connection(), &self.group_id);
+        let mut backoff = pauses(INITIAL_BACKOFF, MAX_BACKOFF);
+        loop {
+            match client.committed(tps).await {
+                Ok(committed) => return committed,
+                Err(e) => {
+                    self.shared.metrics.count(|s| &s.offset_fetch_failures);
+                    let pause = backoff.next();
+                    tracing::warn!(group = %self.group_id, error = %e, retry_in_ms = pause.as_millis() as u64, "cannot read the committed offsets yet; retrying within the generation");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    /// Runs one generation: heartbeats from its start, workers once the
+    /// committed offsets came, and when it ends, the drain. Says how it
+    /// ended, and whether the group evicted us during the drain.
+    async fn run_generation(
+        &self,
+        client: &mut GroupClient,
+        generation: &Generation,
+        progress: &Progress,
+    ) -> (End, bool) {
         let config = &self.shared.config;
         let (generation_id, member_id) = (generation.id, generation.member_id.as_str());
+        let connection = config.group_connection();
+        let settings = CommitSettings {
+            connection: &connection,
+            group_id: &self.group_id,
+            instance_id: config.group_instance_id.as_deref(),
+            interval: config.commit_interval,
+            batch: config.commit_batch,
+        };
         let committer = Committer::start(
-            config,
-            &self.group_id,
+            settings,
             generation_id,
             member_id.to_owned(),
             self.shared.metrics.clone(),
@@ -344,78 +468,108 @@ impl<H: RecordHandler> Member<H> {
         let mut workers = JoinSet::new();
         let tps: Vec<TopicPartition> =
             generation.partitions.iter().map(|p| TopicPartition::new(self.topic.clone(), *p)).collect();
-        let mut end = None;
-        if !tps.is_empty() {
-            let committed = tokio::select! {
-                _ = self.shutdown.cancelled() => { end = Some(End::Shutdown); None }
-                result = client.committed(&tps) => Some(result),
-            };
-            match committed {
-                Some(Ok(committed)) => {
-                    for tp in tps {
-                        let committed = committed.get(&tp).copied().flatten();
-                        let finished_here = progress.lock().expect("not poisoned").get(&tp).copied();
-                        let start = position::resume_at(committed, finished_here);
-                        if start != committed {
-                            tracing::info!(group = %self.group_id, topic = %tp.topic, partition = tp.partition, ?committed, ?start, "resuming after records this member finished but could not commit");
-                            if let Some(start) = start {
-                                committer.tracker.done(&tp, start);
+
+        let end = {
+            let heartbeats = self.heartbeat(client, generation);
+            tokio::pin!(heartbeats);
+            if tps.is_empty() {
+                heartbeats.await
+            } else {
+                tokio::select! {
+                    end = &mut heartbeats => end,
+                    committed = self.committed_offsets(&tps) => {
+                        let finished = progress.lock().expect("no panics while holding the lock").clone();
+                        for tp in tps {
+                            let committed = committed.get(&tp).copied().flatten();
+                            let start = position::resume_at(committed, finished.get(&tp).copied(), generation_id);
+                            if start != committed {
+                                tracing::info!(group = %self.group_id, topic = %tp.topic, partition = tp.partition, ?committed, ?start, "resuming after records this member finished in the last generation but could not commit");
+                                if let Some(start) = start {
+                                    committer.tracker.done(&tp, start);
+                                }
                             }
+                            let worker = Worker {
+                                shared: self.shared.clone(),
+                                stage: self.stage,
+                                metrics: self.shared.metrics.for_topic(&tp.topic),
+                                tp,
+                                tracker: committer.tracker.clone(),
+                                signals: signals.clone(),
+                            };
+                            workers.spawn(worker.run(start));
                         }
-                        let worker = Worker {
-                            shared: self.shared.clone(),
-                            stage: self.stage,
-                            metrics: self.shared.metrics.for_topic(&tp.topic),
-                            tp,
-                            tracker: committer.tracker.clone(),
-                            signals: signals.clone(),
-                        };
-                        workers.spawn(worker.run(start));
+                        heartbeats.await
                     }
                 }
-                Some(Err(e)) => {
-                    tracing::warn!(group = %self.group_id, error = %e, "cannot read committed offsets; rejoining");
-                    end = Some(End::Rejoin);
-                }
-                None => {}
             }
-        }
-        let end = match end {
-            Some(end) => end,
-            None => self.heartbeat(client, generation).await,
         };
 
         // Revoke: stop fetching and waiting at once, give records in flight
-        // the grace period, then commit what finished. Heartbeats go on
-        // meanwhile: a drain as long as the session would otherwise expire
-        // it, and the final commit with it.
+        // their time (the shutdown grace when stopping; on a rebalance,
+        // each call's whole timeout if longer), then commit what finished.
+        // Heartbeats go on meanwhile: a drain as long as the session would
+        // otherwise expire it, and the final commit with it. A heartbeat
+        // that says the group dropped us ends the drain at once: the
+        // partitions are another member's by now.
         signals.stop.cancel();
+        let grace = match end {
+            End::Shutdown => config.shutdown_grace,
+            _ => config.timings().revocation_grace(),
+        };
         let drain = async {
-            let drained =
-                tokio::time::timeout(config.shutdown_grace, async { while workers.join_next().await.is_some() {} })
-                    .await;
+            let drained = tokio::time::timeout(grace, async { while workers.join_next().await.is_some() {} }).await;
             if drained.is_err() {
-                tracing::warn!(group = %self.group_id, "records still in flight after the grace period; abandoning them (they will be redelivered)");
+                tracing::warn!(group = %self.group_id, ?grace, "records still in flight after the grace period; abandoning them (they will be redelivered)");
                 signals.abandon.cancel();
                 while workers.join_next().await.is_some() {}
             }
             committer.finish().await;
         };
+        tokio::pin!(drain);
         let keep_alive = async {
+            let mut last_ok = tokio::time::Instant::now();
             loop {
                 tokio::time::sleep(config.heartbeat_interval).await;
-                // REBALANCE_IN_PROGRESS is the expected answer now; it still
-                // keeps the session alive.
-                if let Err(e) = client.heartbeat(generation_id, member_id).await {
-                    tracing::debug!(group = %self.group_id, error = %e, "heartbeat while draining");
+                let bound = session::heartbeat_bound(
+                    config.connection.request_timeout,
+                    config.session_timeout,
+                    last_ok.elapsed(),
+                );
+                let answer = client.heartbeat(generation_id, member_id, bound).await;
+                if matches!(
+                    &answer,
+                    Ok(()) | Err(crate::Error::Broker { error: ResponseError::RebalanceInProgress, .. })
+                ) {
+                    last_ok = tokio::time::Instant::now();
+                }
+                let answer = answer.map_err(|e| e.broker_error());
+                match WhileDraining::of(answer) {
+                    WhileDraining::Holds => {
+                        if let Err(e) = answer {
+                            tracing::debug!(group = %self.group_id, error = ?e, "heartbeat while draining");
+                        }
+                    }
+                    WhileDraining::Evicted => {
+                        tracing::warn!(group = %self.group_id, answer = ?answer.err(), "the group dropped us while we drained: abandoning the records in flight (their partitions are another member's now)");
+                        signals.abandon.cancel();
+                        return;
+                    }
                 }
             }
         };
-        tokio::select! {
-            () = drain => {}
-            () = keep_alive => {}
-        }
-        end
+        let evicted = tokio::select! {
+            () = &mut drain => false,
+            () = keep_alive => {
+                drain.await;
+                true
+            }
+        };
+        let end = match end {
+            End::Shutdown | End::Fenced => end,
+            _ if evicted => End::RejoinAsNewMember,
+            other => other,
+        };
+        (end, evicted)
     }
 
     /// Heartbeats until the generation ends, whatever we were assigned
@@ -424,6 +578,7 @@ impl<H: RecordHandler> Member<H> {
     /// rejoin finds our session fresh. The leader also watches the topic's
     /// partition count and ends the generation when it changed, so added
     /// partitions get assigned without waiting for a member to come or go.
+    /// Each heartbeat waits at most what is left of the session.
     async fn heartbeat(&self, client: &mut GroupClient, generation: &Generation) -> End {
         let config = &self.shared.config;
         let (generation_id, member_id) = (generation.id, generation.member_id.as_str());
@@ -448,7 +603,12 @@ impl<H: RecordHandler> Member<H> {
                     }
                 }
             }
-            let answer = client.heartbeat(generation_id, member_id).await;
+            let bound =
+                session::heartbeat_bound(config.connection.request_timeout, config.session_timeout, last_ok.elapsed());
+            let answer = tokio::select! {
+                _ = self.shutdown.cancelled() => return End::Shutdown,
+                answer = client.heartbeat(generation_id, member_id, bound) => answer,
+            };
             let step = AfterHeartbeat::of(
                 answer.as_ref().map(|_| ()).map_err(|e| e.broker_error()),
                 last_ok.elapsed(),
@@ -475,6 +635,7 @@ impl<H: RecordHandler> Member<H> {
                     tracing::warn!(group = %self.group_id, answer = ?answer.err(), "the coordinator forgot us, or no heartbeat got through within the session timeout; rejoining as a new member");
                     return End::RejoinAsNewMember;
                 }
+                (AfterHeartbeat::End(EndKind::Fenced), _) => return End::Fenced,
             }
         }
     }
@@ -485,6 +646,7 @@ mod tests {
     use super::{
         AfterHeartbeat, AfterJoinError, EndKind,
         Expectation::{self, *},
+        WhileDraining,
     };
     use std::time::Duration;
 
@@ -525,7 +687,7 @@ mod tests {
         check(Some(ResponseError::RebalanceInProgress), AfterJoinError::Rejoin);
         check(Some(ResponseError::IllegalGeneration), AfterJoinError::Rejoin);
         check(Some(ResponseError::UnknownMemberId), AfterJoinError::RejoinAsNewMember);
-        check(Some(ResponseError::FencedInstanceId), AfterJoinError::RejoinAsNewMember);
+        check(Some(ResponseError::FencedInstanceId), AfterJoinError::Fenced);
         check(Some(ResponseError::CoordinatorNotAvailable), AfterJoinError::BackOff);
         check(Some(ResponseError::NotCoordinator), AfterJoinError::BackOff);
         check(Some(ResponseError::GroupAuthorizationFailed), AfterJoinError::BackOff);
@@ -545,11 +707,27 @@ mod tests {
         check(Err(Some(ResponseError::RebalanceInProgress)), 0, false, End(EndKind::Over));
         check(Err(Some(ResponseError::IllegalGeneration)), 0, true, End(EndKind::Over));
         check(Err(Some(ResponseError::UnknownMemberId)), 0, false, End(EndKind::RejoinAsNewMember));
-        check(Err(Some(ResponseError::FencedInstanceId)), 0, false, End(EndKind::RejoinAsNewMember));
+        check(Err(Some(ResponseError::FencedInstanceId)), 0, false, End(EndKind::Fenced));
         // Trouble reaching the coordinator: keep trying for a session.
         check(Err(None), 3, false, Continue);
         check(Err(Some(ResponseError::NotCoordinator)), 9, false, Continue);
         check(Err(None), 11, false, End(EndKind::RejoinAsNewMember));
         check(Err(Some(ResponseError::CoordinatorNotAvailable)), 11, false, End(EndKind::RejoinAsNewMember));
+    }
+
+    #[test]
+    fn a_heartbeat_while_draining() {
+        let check = |answer: Result<(), Option<ResponseError>>, expected| {
+            assert_eq!(WhileDraining::of(answer), expected, "{answer:?}");
+        };
+        check(Ok(()), WhileDraining::Holds);
+        // The expected answer during a rebalance: the session holds.
+        check(Err(Some(ResponseError::RebalanceInProgress)), WhileDraining::Holds);
+        // A static member absent from a completed rebalance stays a member.
+        check(Err(Some(ResponseError::IllegalGeneration)), WhileDraining::Holds);
+        check(Err(Some(ResponseError::NotCoordinator)), WhileDraining::Holds);
+        check(Err(None), WhileDraining::Holds);
+        check(Err(Some(ResponseError::UnknownMemberId)), WhileDraining::Evicted);
+        check(Err(Some(ResponseError::FencedInstanceId)), WhileDraining::Evicted);
     }
 }

@@ -11,4 +11,5 @@ pub(crate) mod commit;
 pub(crate) mod listener;
 pub(crate) mod member;
 pub(crate) mod position;
+pub(crate) mod session;
 pub(crate) mod worker;

@@ -132,14 +132,32 @@ pub(crate) fn start_policy(policy: OffsetReset, is_retry_rung: bool) -> OffsetRe
     }
 }
 
-/// Where a newly assigned partition resumes: the group's committed offset,
-/// or further on when this member itself finished records past it in an
-/// earlier generation whose last commits did not land (its session
-/// expired during a broker outage, the coordinator moved). Records before
-/// a finished offset were handled and their republications acknowledged;
+/// How far this member finished a partition, and in which generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Finished {
+    /// Every record before it is done.
+    pub(crate) offset: i64,
+    /// The generation in which the member owned the partition then.
+    pub(crate) generation: i32,
+}
+
+/// Where a partition assigned in `generation` resumes: the group's
+/// committed offset, or further on when this member itself finished
+/// records past it in the generation just before, whose last commits did
+/// not land (the coordinator moved, a commit timed out). Records before a
+/// finished offset were handled and their republications acknowledged;
 /// handling them again would only duplicate work.
-pub(crate) fn resume_at(committed: Option<i64>, finished_here: Option<i64>) -> Option<i64> {
-    committed.max(finished_here)
+///
+/// Only the generation just before: if the member owned the partition
+/// longer ago, another member may have owned it since, and the group's
+/// committed offset is the truth, even below what this member once
+/// finished (the log was truncated and the other member reset its
+/// position; an operator moved the group back while it was empty).
+pub(crate) fn resume_at(committed: Option<i64>, finished_here: Option<Finished>, generation: i32) -> Option<i64> {
+    match finished_here {
+        Some(f) if f.generation.checked_add(1) == Some(generation) => committed.max(Some(f.offset)),
+        _ => committed,
+    }
 }
 
 #[cfg(test)]
@@ -197,12 +215,29 @@ mod tests {
 
     #[test]
     fn a_partition_resumes_after_what_was_finished() {
-        let check = |committed, finished, expected| assert_eq!(resume_at(committed, finished), expected);
-        check(None, None, None);
-        check(Some(5), None, Some(5));
-        check(None, Some(7), Some(7));
-        check(Some(5), Some(7), Some(7)); // our last commits were lost
-        check(Some(9), Some(7), Some(9)); // another member went further
+        #[track_caller]
+        fn check(committed: Option<i64>, finished: Option<(i64, i32)>, generation: i32, expected: Option<i64>) {
+            let finished = finished.map(|(offset, generation)| Finished { offset, generation });
+            assert_eq!(
+                resume_at(committed, finished, generation),
+                expected,
+                "{committed:?} {finished:?} in {generation}"
+            );
+        }
+        check(None, None, 4, None);
+        check(Some(5), None, 4, Some(5));
+        // Owned in the generation just before: our last commits were lost.
+        check(None, Some((7, 3)), 4, Some(7));
+        check(Some(5), Some((7, 3)), 4, Some(7));
+        check(Some(9), Some((7, 3)), 4, Some(9)); // committed further
+                                                  // Owned longer ago: another member may have owned it since; after a
+                                                  // truncation or a reset, its commit is below what we once finished.
+        check(Some(5), Some((7, 2)), 4, Some(5));
+        check(None, Some((7, 2)), 4, None);
+        // A stale record of a later generation (a member that joined anew
+        // starts counting from the group's generation) is no evidence.
+        check(Some(5), Some((7, 9)), 4, Some(5));
+        check(Some(5), Some((7, i32::MAX)), 4, Some(5));
     }
 
     #[test]

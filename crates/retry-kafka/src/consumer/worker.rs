@@ -21,8 +21,9 @@ use crate::{
     cluster::deadline,
     consumer::brake::Admitted,
     consumer::commit::CommitTracker,
-    consumer::listener::{OffsetReset, Shared},
+    consumer::listener::{Impaired, OffsetReset, Shared},
     consumer::position::{self, AfterFetch, Doubt, FetchOutcome, Verdict},
+    consumer::session::ABORT_WAIT,
     metrics::{Outcome, TopicMetrics},
     protocol::fallback::{is_undecodable, Decoded, FallbackReader, Fetched},
     publisher::{Outgoing, PublishFailure},
@@ -814,7 +815,8 @@ impl<H: RecordHandler> Worker<H> {
     /// timeout can cancel it. `None` when the record was abandoned (the
     /// grace period of a revocation or shutdown ran out): the call is then
     /// cancelled too, and has ended when this returns, so nothing of it
-    /// outlives the partition's ownership.
+    /// outlives the partition's ownership, unless it ignores its
+    /// cancellation (see [`Worker::abort`]).
     async fn run_handler(&self, record: ConsumedRecord) -> Option<Result<(), HandlerError>> {
         let handler = self.shared.handler.clone();
         let mut task = tokio::spawn(async move { handler.handle(record).await });
@@ -822,8 +824,7 @@ impl<H: RecordHandler> Worker<H> {
         let started = tokio::time::Instant::now();
         let result = tokio::select! {
             _ = self.signals.abandon.cancelled() => {
-                task.abort();
-                let _ = (&mut task).await;
+                self.abort(task).await;
                 return None;
             }
             result = tokio::time::timeout(timeout, &mut task) => result,
@@ -845,11 +846,36 @@ impl<H: RecordHandler> Worker<H> {
                 Err(HandlerError::permanent(format!("handler panicked: {message}")))
             }
             Err(_) => {
-                task.abort();
-                let _ = task.await;
+                self.abort(task).await;
                 self.shared.metrics.count(|s| &s.handler_timeouts);
                 Err(HandlerError::transient(format!("handler timed out after {timeout:?}")))
             }
         })
+    }
+
+    /// Cancels a handler call and waits until it ended, for at most
+    /// [`ABORT_WAIT`]: a call that ignores its cancellation (it blocks its
+    /// thread and never reaches an await) runs on, detached, counted in the
+    /// `kafka_retry_detached_handler_calls` gauge, and the listener is not
+    /// ready until it ends: the partition has moved on, and whatever the
+    /// call still does, it does for a record that is no longer this
+    /// member's to finish.
+    async fn abort(&self, mut task: tokio::task::JoinHandle<Result<(), HandlerError>>) {
+        task.abort();
+        if tokio::time::timeout(ABORT_WAIT, &mut task).await.is_ok() {
+            return;
+        }
+        let TopicPartition { topic, partition } = &self.tp;
+        tracing::error!(%topic, partition, waited = ?ABORT_WAIT, "a handler call ignores its cancellation (it blocks its thread?): it runs on, detached, and the listener is not ready until it ends");
+        let impaired = Impaired::new(&self.shared);
+        let metrics = self.shared.metrics.clone();
+        let topic = topic.clone();
+        metrics.detached_call(&topic, true);
+        tokio::spawn(async move {
+            let _ = task.await;
+            metrics.detached_call(&topic, false);
+            drop(impaired);
+            tracing::info!(%topic, "a detached handler call ended at last");
+        });
     }
 }

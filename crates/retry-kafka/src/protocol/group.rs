@@ -65,12 +65,52 @@ impl Joined {
 pub(crate) struct GroupClient {
     config: ConnectionConfig,
     group_id: String,
+    /// A static member's `group.instance.id` (KIP-345), sent with every
+    /// request that carries one, so the coordinator fences an older
+    /// process of the same instance.
+    instance_id: Option<String>,
     coordinator: Option<Connection>,
 }
 
 impl GroupClient {
     pub(crate) fn new(config: ConnectionConfig, group_id: &str) -> Self {
-        GroupClient { config, group_id: group_id.to_owned(), coordinator: None }
+        GroupClient { config, group_id: group_id.to_owned(), instance_id: None, coordinator: None }
+    }
+
+    /// The same, as the static member `instance_id` (none: dynamic).
+    pub(crate) fn with_instance_id(mut self, instance_id: Option<&str>) -> Self {
+        self.instance_id = instance_id.map(str::to_owned);
+        self
+    }
+
+    fn instance(&self) -> Option<kafka_protocol::protocol::StrBytes> {
+        self.instance_id.as_deref().map(str_bytes)
+    }
+
+    /// Fails, naming the request, when a static member's request would go
+    /// at a version without `group.instance.id`: the broker would take it
+    /// for a dynamic member's.
+    fn check_static<R: kafka_protocol::protocol::Request>(&mut self, first_version: i16) -> Result<()> {
+        if self.instance_id.is_none() {
+            return Ok(());
+        }
+        let version = self.coordinator_version::<R>()?;
+        if version < first_version {
+            return Err(Error::Config(format!(
+                "group {} is joined as a static member (group.instance.id), which needs {} v{first_version} or \
+                 later; the coordinator speaks v{version}: leave the instance id unset for this broker",
+                self.group_id,
+                crate::protocol::wire::api_name::<R>()
+            )));
+        }
+        Ok(())
+    }
+
+    fn coordinator_version<R: kafka_protocol::protocol::Request>(&mut self) -> Result<i16> {
+        match &self.coordinator {
+            Some(conn) => conn.version_of::<R>(),
+            None => Ok(i16::MAX),
+        }
     }
 
     pub(crate) fn group_id(&self) -> &str {
@@ -150,11 +190,17 @@ impl GroupClient {
                 .with_session_timeout_ms(millis(session_timeout))
                 .with_rebalance_timeout_ms(millis(rebalance_timeout))
                 .with_member_id(str_bytes(member_id))
+                .with_group_instance_id(self.instance())
                 .with_protocol_type(str_bytes("consumer"))
                 .with_protocols(vec![protocol.clone()]);
             // The coordinator holds JoinGroup until every member rejoined.
             let wait = rebalance_timeout + self.config.request_timeout;
-            let result = async { self.coordinator().await?.send_within(&request, wait).await }.await;
+            let result = async {
+                self.coordinator().await?;
+                self.check_static::<JoinGroupRequest>(5)?;
+                self.coordinator().await?.send_within(&request, wait).await
+            }
+            .await;
             let (response, _) = self.observe(result)?;
             match ResponseError::try_from_code(response.error_code) {
                 Some(ResponseError::MemberIdRequired) => {
@@ -314,6 +360,7 @@ impl GroupClient {
             .with_group_id(GroupId(str_bytes(&self.group_id)))
             .with_generation_id(joined.generation_id)
             .with_member_id(str_bytes(&joined.member_id))
+            .with_group_instance_id(self.instance())
             .with_protocol_type(Some(str_bytes("consumer")))
             .with_protocol_name(Some(str_bytes(&joined.protocol)))
             .with_assignments(assignments);
@@ -330,14 +377,16 @@ impl GroupClient {
         })
     }
 
-    /// One heartbeat. `Err` with REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION or
-    /// UNKNOWN_MEMBER_ID means: rejoin.
-    pub(crate) async fn heartbeat(&mut self, generation_id: i32, member_id: &str) -> Result<()> {
+    /// One heartbeat, given at most `bound` (the rest of the session: a
+    /// later answer could not save it). `Err` with REBALANCE_IN_PROGRESS,
+    /// ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID means: rejoin.
+    pub(crate) async fn heartbeat(&mut self, generation_id: i32, member_id: &str, bound: Duration) -> Result<()> {
         let request = HeartbeatRequest::default()
             .with_group_id(GroupId(str_bytes(&self.group_id)))
             .with_generation_id(generation_id)
-            .with_member_id(str_bytes(member_id));
-        let result = async { self.coordinator().await?.send(&request).await }.await;
+            .with_member_id(str_bytes(member_id))
+            .with_group_instance_id(self.instance());
+        let result = async { self.coordinator().await?.send_within(&request, bound).await }.await;
         let (response, _) = self.observe(result)?;
         let context = self.group_context();
         let result = check("Heartbeat", || context, response.error_code);
@@ -396,6 +445,7 @@ impl GroupClient {
             .with_group_id(GroupId(str_bytes(&self.group_id)))
             .with_generation_id_or_member_epoch(generation_id)
             .with_member_id(str_bytes(member_id))
+            .with_group_instance_id(if generation_id >= 0 { self.instance() } else { None })
             .with_retention_time_ms(-1)
             .with_topics(
                 topics
