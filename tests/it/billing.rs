@@ -284,8 +284,8 @@ async fn kafka_only_sasl_only_orders_are_charged_through_sessions_of_seconds() {
     let service = setup.start_with(&provider, &[("KAFKA_BROKERS", &reauth), ("BILLING_MAX_IN_FLIGHT", "2")]).await;
     let mut orders = Vec::new();
     let started = Instant::now();
-    // Orders for three sessions and more.
-    while started.elapsed() < integration::REAUTH_SESSION * 3 {
+    // Orders for two sessions and more.
+    while started.elapsed() < integration::REAUTH_SESSION * 2 + Duration::from_secs(2) {
         for partition in 0..2 {
             let batch: Vec<(String, String)> = (0..20)
                 .map(|i| {
@@ -422,8 +422,9 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
     let (code, _, stderr) = setup.run(&["topics", "verify"], &[]).await;
     assert_eq!(code, 1, "{stderr}");
 
-    let bad: [(&str, &str, &str); 8] = [
+    let bad: [(&str, &str, &str); 9] = [
         ("BILLING_MAX_IN_FLIGHT", "0", "BILLING_MAX_IN_FLIGHT"),
+        ("KAFKA_GROUP_INSTANCE_ID", "pod 1", "not a valid group.instance.id"),
         ("BILLING_MAX_IN_FLIGHT", "many", "--max-in-flight"),
         ("RETRY_SCHEDULE", "5s,soon", "invalid retry schedule"),
         ("BILLING_PROVIDER_TIMEOUT", "0s", "--provider-timeout"),
@@ -524,13 +525,16 @@ async fn an_unreachable_broker_is_named_within_a_bounded_time() {
 /// hears "pending", retries, and charges it.
 #[tokio::test]
 async fn a_provider_answer_that_comes_too_late_is_retried_and_not_charged_twice() {
-    let setup = Setup { schedule: "1s,2s", ..Setup::new("billing-late") };
+    // The late answer comes 4 s after the first request: after the second
+    // attempt (the 1 s timeout, then the first rung's 1 s), before the third
+    // (the second rung's 4 s on top), with seconds to spare on either side.
+    let setup = Setup { schedule: "1s,4s", ..Setup::new("billing-late") };
     setup.create_topics().await;
     let provider = FakeProvider::start(Faults::default()).await;
     let (late, late_json) = event(r#""42.00""#);
     let (failing, failing_json) = event(r#""43.00""#);
-    provider.script(&late.to_string(), Script::Hang { times: 1, delay: Duration::from_millis(2500) });
-    provider.script(&failing.to_string(), Script::FailLate { delay: Duration::from_millis(2500) });
+    provider.script(&late.to_string(), Script::Hang { times: 1, delay: Duration::from_secs(4) });
+    provider.script(&failing.to_string(), Script::FailLate { delay: Duration::from_secs(4) });
     let service = setup.start(&provider).await;
     produce(&setup.topic, 1, &late.to_string(), &late_json, &[]).await;
     produce(&setup.topic, 0, &failing.to_string(), &failing_json, &[]).await;

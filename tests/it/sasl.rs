@@ -98,10 +98,11 @@ async fn kafka_only_sasl_only_sessions_are_renewed_on_the_same_connection() {
     assert!(!connected.is_empty(), "no connection to the short-session listener");
     let started = std::time::Instant::now();
     let mut requests = 1;
-    // Three sessions' worth, a request every half session: each renewal
-    // comes before a request, on the connection it goes out on.
-    while started.elapsed() < integration::REAUTH_SESSION * 3 {
-        tokio::time::sleep(integration::REAUTH_SESSION / 2).await;
+    // Two sessions and more, a request every half second: a renewal comes
+    // before the first request past 85% of a session, on the connection
+    // that request goes out on.
+    while started.elapsed() < integration::REAUTH_SESSION * 2 + Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
         within("committed offsets", offsets.committed(&partitions)).await.expect("a request in a renewed session");
         requests += 1;
     }

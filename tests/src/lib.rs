@@ -83,7 +83,7 @@ pub fn connection(client_id: &str) -> retry_kafka::ConnectionConfig {
 /// How long the SASL sessions of the Kafka passes' re-authentication
 /// listener last (`cargo xtask broker up --kafka --sasl` sets its
 /// `connections.max.reauth.ms` to this).
-pub const REAUTH_SESSION: Duration = Duration::from_secs(4);
+pub const REAUTH_SESSION: Duration = Duration::from_secs(10);
 
 /// The bootstrap brokers of the Kafka SASL passes' re-authentication
 /// listener (`$KAFKA_RETRY_REAUTH_BROKERS`), where sessions last

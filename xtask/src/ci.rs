@@ -157,7 +157,7 @@ const MOCK_ONLY: &str = "mock_only";
 const KAFKA_ONLY: &str = "kafka_only";
 
 /// How many tests of a pass (its fault tests aside) run at once.
-const MAIN_PASS_THREADS: usize = 6;
+const MAIN_PASS_THREADS: usize = 4;
 
 /// The end-to-end tests of the service, which a security pass runs too.
 const BILLING: &str = "billing::";
@@ -181,7 +181,10 @@ fn left_out(pass: Pass) -> Vec<(&'static str, String)> {
         leave(TLS_ONLY, "the broker is not behind TLS");
     }
     if kind.tls().is_none() || implementation != Implementation::Tansu {
-        leave(TLS_PROXY_ONLY, "the broker has no TLS terminator in front (tansu's passes over TLS do)");
+        leave(
+            TLS_PROXY_ONLY,
+            "the broker has no TLS terminator in front (run them with --broker tansu-sasl-tls or tansu-mtls)",
+        );
     }
     if kind.tls() != Some(ClientAuth::Required) {
         leave(CLIENT_CERT_ONLY, "the broker does not require client certificates");

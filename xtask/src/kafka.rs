@@ -43,8 +43,9 @@ const SLF4J_SIMPLE_VERSION: &str = "1.7.36";
 /// How long a starting cluster may take until every broker is registered.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// How long the re-authentication listener's SASL sessions last.
-pub(crate) const REAUTH_SESSION: Duration = Duration::from_secs(4);
+/// How long the re-authentication listener's SASL sessions last (the
+/// integration tests' `REAUTH_SESSION` says the same).
+pub(crate) const REAUTH_SESSION: Duration = Duration::from_secs(10);
 
 /// Node ids of controllers start here, so they never meet a broker's.
 const FIRST_CONTROLLER_ID: u32 = 100;

@@ -119,6 +119,9 @@ pub(crate) struct Connection {
     /// When the broker's session limit (`connections.max.reauth.ms`) asks
     /// for authenticating again before the next request.
     reauthenticate_at: Option<Instant>,
+    /// When that session ends: past it, the broker closes the connection on
+    /// its next request, re-authentication included.
+    session_ends_at: Option<Instant>,
 }
 
 impl Connection {
@@ -171,6 +174,7 @@ impl Connection {
             in_flight: false,
             config: config.clone(),
             reauthenticate_at: None,
+            session_ends_at: None,
         };
         let request = ApiVersionsRequest::default()
             .with_client_software_name(StrBytes::from_static_str("kafka-retry"))
@@ -249,8 +253,12 @@ impl Connection {
                     return Err(refused(self, reason));
                 }
                 received = Some(response.auth_bytes.to_vec());
-                self.reauthenticate_at =
-                    reauthentication_delay(response.session_lifetime_ms).map(|delay| Instant::now() + delay);
+                let now = Instant::now();
+                self.reauthenticate_at = reauthentication_delay(response.session_lifetime_ms).map(|delay| now + delay);
+                self.session_ends_at = u64::try_from(response.session_lifetime_ms)
+                    .ok()
+                    .filter(|ms| *ms > 0)
+                    .map(|ms| now + Duration::from_millis(ms));
             }
             if state.is_finished() {
                 return Ok(());
@@ -307,7 +315,14 @@ impl Connection {
         request: &R,
         timeout: Duration,
     ) -> Result<(R::Response, i16)> {
-        if self.reauthenticate_at.is_some_and(|at| Instant::now() >= at) {
+        let now = Instant::now();
+        if self.session_ends_at.is_some_and(|at| now >= at) {
+            // Idle past its session: the broker would close it on this
+            // request; a new connection, authenticated from the start.
+            tracing::debug!(addr = %self.addr, "the SASL session ended while the connection was idle; connecting anew");
+            let (addr, config) = (self.addr.clone(), self.config.clone());
+            *self = Box::pin(Connection::connect(&addr, &config)).await?;
+        } else if self.reauthenticate_at.is_some_and(|at| now >= at) {
             self.renew_session().await?;
         }
         self.request(request, timeout).await
