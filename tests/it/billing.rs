@@ -1352,6 +1352,9 @@ struct OutageRun {
     peak_lag: f64,
     /// How often the brake engaged.
     engagements: f64,
+    /// What the service logged about the brake and dead letters, for a
+    /// failure's message.
+    log: Vec<String>,
 }
 
 /// A run of 3,000 orders: 1,000 charged, 1,000 produced while the provider
@@ -1434,6 +1437,12 @@ async fn through_an_outage(brake: bool) -> OutageRun {
     eventually("the source lag drained", SETTLE, || async { (source_lag().await == 0.0).then_some(()) }).await;
     let engagements =
         service.metric(&format!(r#"kafka_retry_brake_engagements_total{{topic="{}"}}"#, setup.topic)).await;
+    let log: Vec<String> = service
+        .log()
+        .lines()
+        .filter(|l| l.contains("the brake") || l.contains("dead-letter") || l.contains("ERROR"))
+        .map(str::to_owned)
+        .collect();
     service.stop().await;
 
     let mut charged = BTreeMap::new();
@@ -1444,7 +1453,7 @@ async fn through_an_outage(brake: bool) -> OutageRun {
     for p in 0..setup.partitions {
         dead_letters += read_partition(&setup.dlq(), p).await.len();
     }
-    OutageRun { orders, charged, dead_letters, peak_lag, engagements: engagements.unwrap_or(0.0) }
+    OutageRun { orders, charged, dead_letters, peak_lag, engagements: engagements.unwrap_or(0.0), log }
 }
 
 /// A minute-long provider outage in the middle of a run: with the brake,
@@ -1455,7 +1464,12 @@ async fn through_an_outage(brake: bool) -> OutageRun {
 async fn an_outage_of_the_provider_fills_no_dead_letter_topic_with_the_brake() {
     let (braked, unbraked) = tokio::join!(through_an_outage(true), through_an_outage(false));
 
-    assert_eq!(braked.dead_letters, 0, "with the brake, nothing is dead-lettered");
+    assert_eq!(
+        braked.dead_letters,
+        0,
+        "with the brake, nothing is dead-lettered; the service's log of the brake and dead letters:\n{}",
+        braked.log[braked.log.len().saturating_sub(60)..].join("\n")
+    );
     assert!(braked.orders.iter().all(|o| braked.charged.get(o) == Some(&1)), "every order charged once");
     assert_eq!(braked.charged.len(), 3_000);
     assert!(braked.engagements >= 1.0, "the brake engaged: {braked:?}");

@@ -71,6 +71,7 @@ async fn sasl_only_a_client_without_credentials_is_refused() {
 /// a new one; either way the caller sees no error.
 #[tokio::test]
 async fn sasl_only_a_connection_that_outlives_its_session_authenticates_again() {
+    let _alone = ON_THE_SHORT_SESSION_LISTENER.lock().await;
     let (config, session) = match integration::reauth_connection("kafka-retry-it") {
         Some(config) => (config, integration::REAUTH_SESSION),
         None => (connection("kafka-retry-it"), Duration::from_secs(60)),
@@ -83,18 +84,23 @@ async fn sasl_only_a_connection_that_outlives_its_session_authenticates_again() 
     within("committed offsets", offsets.committed(&partitions)).await.expect("a request after the session's end");
 }
 
+/// The tests of this process that connect to the short-session listener
+/// take turns: one of them counts this process' connections to it.
+static ON_THE_SHORT_SESSION_LISTENER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Apache Kafka re-authenticates a live connection (KIP-368), which tansu
 /// refuses: through sessions of a few seconds, our connections renew theirs
 /// in place, the same TCP connection throughout, every request answered.
 #[tokio::test]
 async fn kafka_only_sasl_only_sessions_are_renewed_on_the_same_connection() {
+    let _alone = ON_THE_SHORT_SESSION_LISTENER.lock().await;
     let config =
         integration::reauth_connection("kafka-retry-it").expect("the Kafka SASL pass has a short-session listener");
     let ports: Vec<u16> = config.bootstrap().iter().map(|b| b.rsplit_once(':').unwrap().1.parse().unwrap()).collect();
     let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
     let partitions = [TopicPartition::new("t", 0)];
     within("committed offsets", offsets.committed(&partitions)).await.expect("the first request");
-    let connected = integration::local_ports_to(&ports);
+    let connected = integration::connections_to(&ports);
     assert!(!connected.is_empty(), "no connection to the short-session listener");
     let started = std::time::Instant::now();
     let mut requests = 1;
@@ -106,6 +112,6 @@ async fn kafka_only_sasl_only_sessions_are_renewed_on_the_same_connection() {
         within("committed offsets", offsets.committed(&partitions)).await.expect("a request in a renewed session");
         requests += 1;
     }
-    let still = integration::local_ports_to(&ports);
+    let still = integration::connections_to(&ports);
     assert_eq!(still, connected, "connections were replaced instead of renewed ({requests} requests)");
 }

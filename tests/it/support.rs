@@ -120,15 +120,7 @@ pub(crate) async fn produce(topic: &str, partition: i32, key: &str, value: &str,
 /// a fetch brings back whole), and returns the first offset.
 pub(crate) async fn produce_batch(topic: &str, partition: i32, records: &[(String, String)]) -> i64 {
     let client = rskafka_client().await;
-    let records: Vec<Record> = records
-        .iter()
-        .map(|(k, v)| Record {
-            key: Some(k.as_bytes().to_vec()),
-            value: Some(v.as_bytes().to_vec()),
-            headers: Default::default(),
-            timestamp: Utc.timestamp_millis_opt(chrono_now_millis()).unwrap(),
-        })
-        .collect();
+    let records = keyed_records(records);
     let pc = within("partition client", client.partition_client(topic, partition, UnknownTopicHandling::Retry))
         .await
         .unwrap();
@@ -141,15 +133,7 @@ pub(crate) async fn produce_batch(topic: &str, partition: i32, records: &[(Strin
 /// all the same, so the batch may land twice.
 pub(crate) async fn produce_batch_retrying(topic: &str, partition: i32, records: &[(String, String)]) -> i64 {
     let client = rskafka_client().await;
-    let records: Vec<Record> = records
-        .iter()
-        .map(|(k, v)| Record {
-            key: Some(k.as_bytes().to_vec()),
-            value: Some(v.as_bytes().to_vec()),
-            headers: Default::default(),
-            timestamp: Utc.timestamp_millis_opt(chrono_now_millis()).unwrap(),
-        })
-        .collect();
+    let records = keyed_records(records);
     let attempt = || async {
         let pc = client.partition_client(topic, partition, UnknownTopicHandling::Retry).await?;
         pc.produce(records.clone(), Compression::NoCompression).await
@@ -166,6 +150,19 @@ pub(crate) async fn produce_batch_retrying(topic: &str, partition: i32, records:
             }
         }
     }
+}
+
+/// `(key, value)` pairs as records stamped now, without headers.
+fn keyed_records(records: &[(String, String)]) -> Vec<Record> {
+    records
+        .iter()
+        .map(|(k, v)| Record {
+            key: Some(k.as_bytes().to_vec()),
+            value: Some(v.as_bytes().to_vec()),
+            headers: Default::default(),
+            timestamp: Utc.timestamp_millis_opt(chrono_now_millis()).unwrap(),
+        })
+        .collect()
 }
 
 fn chrono_now_millis() -> i64 {

@@ -101,9 +101,9 @@ pub fn reauth_connection(client_id: &str) -> Option<retry_kafka::ConnectionConfi
     )
 }
 
-/// The local ports of this process' established TCP connections to any of
-/// `remote_ports` on loopback, sorted.
-pub fn local_ports_to(remote_ports: &[u16]) -> Vec<u16> {
+/// This process' established TCP connections to any of `remote_ports` on
+/// loopback, as (local port, remote port), sorted.
+pub fn connections_to(remote_ports: &[u16]) -> Vec<(u16, u16)> {
     // Sockets of this process, by inode.
     let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
         .map(|dir| {
@@ -121,7 +121,7 @@ pub fn local_ports_to(remote_ports: &[u16]) -> Vec<u16> {
             // Field 3 is the state: 01 is ESTABLISHED; field 9 the inode.
             let (Some(local), Some(remote)) = (port(fields[1]), port(fields[2])) else { continue };
             if fields[3] == "01" && remote_ports.contains(&remote) && inodes.contains(fields[9]) {
-                ports.push(local);
+                ports.push((local, remote));
             }
         }
     }

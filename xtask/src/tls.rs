@@ -157,6 +157,6 @@ fn stunnel() -> anyhow::Result<PathBuf> {
     }
     anyhow::bail!(
         "stunnel is needed to put TLS in front of the test broker: install Debian's `stunnel4` package \
-         (`.ci/run` does: apt-get install stunnel4)"
+         (apt-get install stunnel4)"
     )
 }
