@@ -430,7 +430,8 @@ fn run_integration_tests(target: &Target<'_>, built: &Built, scope: Scope, test_
     if !chosen.faults.is_empty() {
         eprintln!("integration: {} fault tests, one at a time", chosen.faults.len());
         // Their output too: what each fault cost (redeliveries, retries).
-        run_quietly(&mut cargo_test(&chosen.faults, &["--test-threads=1", "--nocapture"]))?;
+        let nocapture: &[&str] = if options.iter().any(|o| *o == "--nocapture") { &[] } else { &["--nocapture"] };
+        run_quietly(&mut cargo_test(&chosen.faults, &[&["--test-threads=1"], nocapture].concat()))?;
     }
     if chosen.main.is_empty() && chosen.faults.is_empty() {
         bail!("no test matches {filters:?} on {}", target.kind.name());
