@@ -612,15 +612,19 @@ impl KafkaNode {
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start Kafka node {}: {e}", self.id));
         std::fs::write(self.dir.join("pid"), child.id().to_string()).unwrap();
-        // Reaped when it ends; xtask stops it through its pid file.
-        std::thread::spawn(move || child.wait());
+        // The child itself: a process just forked shows this one's command
+        // line until it has exec'd the JVM, which the pid check reads.
         let up = async {
             while started_lines(&log_path) <= started_before {
-                assert!(self.is_running(), "Kafka node {} exited while starting; see {}", self.id, log_path.display());
+                let exited = !matches!(child.try_wait(), Ok(None));
+                assert!(!exited, "Kafka node {} exited while starting; see {}", self.id, log_path.display());
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         };
-        if tokio::time::timeout(Duration::from_secs(120), up).await.is_err() {
+        let started = tokio::time::timeout(Duration::from_secs(120), up).await;
+        // Reaped when it ends; xtask stops it through its pid file.
+        std::thread::spawn(move || child.wait());
+        if started.is_err() {
             panic!("Kafka node {} did not start within 120 s; see {}", self.id, log_path.display());
         }
     }

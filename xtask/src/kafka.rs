@@ -322,14 +322,21 @@ pub(crate) fn start(spec: ClusterSpec) -> anyhow::Result<Cluster> {
         let _ = fs::remove_dir_all(&dir);
         return Err(e);
     }
+    let mut children = Vec::new();
     for node in &cluster.nodes {
-        if let Err(e) = spawn_node(node) {
-            let _ = cluster.stop();
-            return Err(e);
+        match spawn_node(node) {
+            Ok(child) => children.push(child),
+            Err(e) => {
+                let _ = cluster.stop();
+                return Err(e);
+            }
         }
     }
     loop {
-        if let Some(node) = cluster.nodes.iter().find(|n| node_pid(n).is_none()) {
+        // The children themselves, not their pid files: a process just
+        // forked shows xtask's command line until it has exec'd the JVM.
+        let exited = children.iter_mut().position(|c| !matches!(c.try_wait(), Ok(None)));
+        if let Some(node) = exited.map(|n| &cluster.nodes[n]) {
             let tail = process::tail(&node.dir.join("node.log"), 40);
             let _ = cluster.stop();
             bail!(
@@ -354,6 +361,13 @@ pub(crate) fn start(spec: ClusterSpec) -> anyhow::Result<Cluster> {
             }
             Err(_) => std::thread::sleep(Duration::from_millis(250)),
         }
+    }
+    for child in children {
+        // Reaped by whoever outlives it; xtask stops it through its pid file.
+        std::thread::spawn(move || {
+            let mut child = child;
+            child.wait()
+        });
     }
     eprintln!(
         "Apache Kafka {KAFKA_VERSION}: {} broker(s) and {} controller(s) up in {:.1} s",
@@ -599,7 +613,7 @@ fn new_cluster_id() -> anyhow::Result<String> {
 /// Starts `node` with its recorded command, in a process group of its own
 /// (so a Ctrl-C aimed at xtask does not reach it, and `down` stops exactly
 /// it), its output appended to its log, its pid recorded.
-fn spawn_node(node: &Node) -> anyhow::Result<()> {
+fn spawn_node(node: &Node) -> anyhow::Result<Child> {
     let text = fs::read_to_string(node.dir.join("command"))?;
     let mut args = text.lines();
     let program = args.next().context("an empty node command")?;
@@ -608,12 +622,7 @@ fn spawn_node(node: &Node) -> anyhow::Result<()> {
     cmd.args(args).current_dir(&node.dir).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0);
     let child = cmd.spawn().with_context(|| format!("cannot start Kafka node {}", node.id))?;
     fs::write(node.dir.join("pid"), child.id().to_string())?;
-    // Reaped by whoever outlives it; xtask stops it through its pid file.
-    std::thread::spawn(move || {
-        let mut child = child;
-        child.wait()
-    });
-    Ok(())
+    Ok(child)
 }
 
 #[cfg(test)]
