@@ -540,26 +540,23 @@ impl Ladder {
         for (partition, pc) in self.dead_letter_topic.iter().enumerate() {
             let next = &mut self.dead_letter_next[partition];
             while *next < ends[partition] {
-                let (records, _) = within("fetch dead letters", pc.fetch_records(*next, 1..10_000_000, 200))
+                let connection = integration::connection("kafka-retry-demo-read");
+                let read = retry_kafka::read_partition(&connection, pc.topic(), partition as i32, *next);
+                let records = within("read dead letters", read)
                     .await
                     .unwrap_or_else(|e| panic!("cannot read the dead-letter topic: {e}"));
                 let before = *next;
                 for r in records.into_iter().filter(|r| r.offset >= before) {
                     *next = r.offset + 1;
                     let header = |name: &str| {
-                        r.record
-                            .headers
-                            .get(name)
+                        r.header(name)
+                            .flatten()
                             .map_or("<absent>".into(), |v| String::from_utf8_lossy(v).into_owned())
                     };
                     self.dead_letters.push(DeadLetter {
                         partition: partition as i32,
                         offset: r.offset,
-                        key: r
-                            .record
-                            .key
-                            .as_deref()
-                            .map_or("<no key>".into(), |k| String::from_utf8_lossy(k).into_owned()),
+                        key: r.key.as_deref().map_or("<no key>".into(), |k| String::from_utf8_lossy(k).into_owned()),
                         reason: header(header_names::DEAD_LETTER_REASON),
                         attempt: header(header_names::ATTEMPT),
                         error: header(header_names::ERROR),

@@ -85,9 +85,19 @@ def parse_args():
         "--null-header", action="append", default=[], metavar="NAME", help="a header whose value is null; repeatable"
     )
     produce.add_argument(
+        "--headers-json",
+        metavar="JSON",
+        help='every header, in order, as a JSON list of [name, value-or-null] (instead of --header/--null-header)',
+    )
+    produce.add_argument(
         "--abort-transaction",
         metavar="TRANSACTIONAL_ID",
         help="produce inside a transaction with this id, then abort it",
+    )
+    produce.add_argument(
+        "--commit-transaction",
+        metavar="TRANSACTIONAL_ID",
+        help="produce inside a transaction with this id, then commit it",
     )
     produce.set_defaults(command=cmd_produce)
 
@@ -201,6 +211,8 @@ def cmd_consume(args):
                     "key": decode(message.key()),
                     "value": decode(message.value()),
                     "headers": {name: decode(value) for name, value in message.headers() or []},
+                    # In order, repeated names and null values included.
+                    "header_list": [[name, decode(value)] for name, value in message.headers() or []],
                 }
             )
             if args.commit:
@@ -215,6 +227,12 @@ def cmd_consume(args):
     emit({"event": "closed"})
 
 
+def headers_of(args):
+    if args.headers_json is None:
+        return args.header + [(name, None) for name in args.null_header]
+    return [(name, None if value is None else value.encode()) for name, value in json.loads(args.headers_json)]
+
+
 def cmd_produce(args):
     config = {
         **common_config(args.brokers),
@@ -223,10 +241,11 @@ def cmd_produce(args):
         # Bounds the delivery attempt, unknown-topic waits included.
         "message.timeout.ms": int(REQUEST_TIMEOUT_S * 1000),
     }
-    if args.abort_transaction:
-        config["transactional.id"] = args.abort_transaction
+    transactional_id = args.abort_transaction or args.commit_transaction
+    if transactional_id:
+        config["transactional.id"] = transactional_id
     producer = Producer(config)
-    if args.abort_transaction:
+    if transactional_id:
         producer.init_transactions(REQUEST_TIMEOUT_S)
         producer.begin_transaction()
     delivered = []
@@ -239,7 +258,7 @@ def cmd_produce(args):
         key=args.key.encode(),
         value=args.value.encode(),
         partition=args.partition,
-        headers=args.header + [(name, None) for name in args.null_header],
+        headers=headers_of(args),
         on_delivery=on_delivery,
     )
     # flush() gives up at its timeout; message.timeout.ms makes delivery fail before that.
@@ -251,6 +270,8 @@ def cmd_produce(args):
         raise Failure(f"the record to {args.topic}[{args.partition}] was not delivered: {error}")
     if args.abort_transaction:
         producer.abort_transaction(REQUEST_TIMEOUT_S)
+    if args.commit_transaction:
+        producer.commit_transaction(REQUEST_TIMEOUT_S)
     emit({"partition": message.partition(), "offset": message.offset()})
 
 

@@ -8,6 +8,7 @@ mod faults;
 mod group;
 mod interop;
 mod ladder;
+mod records;
 mod sasl;
 mod stock;
 mod support;

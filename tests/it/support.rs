@@ -169,26 +169,31 @@ fn chrono_now_millis() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
-/// Every record of one partition.
+/// Every record of one partition, read as the listener reads (every
+/// codec), in rskafka's shape (headers as a map: a repeated name keeps its
+/// last value, a null value reads empty).
 pub(crate) async fn read_partition(topic: &str, partition: i32) -> Vec<RecordAndOffset> {
-    let client = rskafka_client().await;
-    let pc = within("partition client", client.partition_client(topic, partition, UnknownTopicHandling::Retry))
+    let connection = integration::connection("kafka-retry-it-read");
+    let records = within("read partition", retry_kafka::read_partition(&connection, topic, partition, 0))
         .await
-        .unwrap();
-    let mut out = Vec::new();
-    loop {
-        let (records, high_watermark) = within(
-            "fetch",
-            pc.fetch_records(out.last().map_or(0, |r: &RecordAndOffset| r.offset + 1), 1..10_000_000, 100),
-        )
-        .await
-        .unwrap();
-        let next = out.last().map_or(0, |l: &RecordAndOffset| l.offset + 1);
-        out.extend(records.into_iter().filter(|r| r.offset >= next));
-        if out.last().map_or(0, |r| r.offset + 1) >= high_watermark {
-            return out;
-        }
-    }
+        .unwrap_or_else(|e| panic!("cannot read {topic}/{partition}: {e}"));
+    records
+        .into_iter()
+        .map(|r| RecordAndOffset {
+            offset: r.offset,
+            record: Record {
+                key: r.key.map(|k| k.to_vec()),
+                value: r.value.map(|v| v.to_vec()),
+                headers: r
+                    .headers
+                    .into_iter()
+                    .map(|(n, v)| (String::from_utf8_lossy(&n).into_owned(), v.map(|v| v.to_vec()).unwrap_or_default()))
+                    .collect(),
+                timestamp: chrono::DateTime::from_timestamp_millis(r.timestamp.map_or(0, |t| t.as_millis()))
+                    .expect("a timestamp in range"),
+            },
+        })
+        .collect()
 }
 
 /// A header's value as text.
@@ -239,6 +244,8 @@ pub(crate) struct Call {
     pub(crate) partition: i32,
     pub(crate) key: String,
     pub(crate) attempt: u32,
+    /// The headers it saw, in order.
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
     /// Whether the script made it succeed.
     pub(crate) succeeded: bool,
 }
@@ -310,6 +317,7 @@ impl RecordHandler for Scripted {
             partition: record.partition,
             key: key.clone(),
             attempt: record.attempt,
+            headers: record.headers.iter().map(|(k, v)| (k.to_owned(), v.to_vec())).collect(),
             succeeded: matches!(step, Step::Succeed | Step::Sleep(_)),
         });
         match step {

@@ -10,6 +10,7 @@
 //! over confluent-kafka (librdkafka), with the python in `$KAFKA_RETRY_PYTHON`.
 
 pub mod fake_provider;
+pub mod raw;
 
 use std::{
     collections::BTreeMap,
@@ -441,6 +442,8 @@ pub struct KafkaNode {
     pub broker: bool,
     /// Its client address (brokers).
     pub addr: String,
+    /// Its plaintext listener between brokers (brokers).
+    pub internal: String,
     dir: PathBuf,
 }
 
@@ -460,6 +463,7 @@ impl KafkaCluster {
                     id,
                     broker: fields[0] == "broker",
                     addr: fields[2].to_owned(),
+                    internal: fields.get(3).copied().unwrap_or("-").to_owned(),
                     dir: dir.join(format!("node-{id}")),
                 }
             })
@@ -572,6 +576,21 @@ impl KafkaNode {
     /// and waits until it is gone.
     pub async fn kill(&self) {
         self.signal("KILL").await;
+    }
+
+    /// Freezes its JVM (SIGSTOP): connections stay open, nothing is
+    /// answered, and as a follower it replicates nothing, until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        let Some(pid) = self.pid() else { panic!("Kafka node {} is not running", self.id) };
+        let sent = Command::new("kill").arg("-STOP").arg(pid.to_string()).status().expect("kill runs");
+        assert!(sent.success(), "cannot pause Kafka node {}", self.id);
+    }
+
+    /// Lets a paused JVM run again (SIGCONT).
+    pub fn resume(&self) {
+        let Some(pid) = self.pid() else { panic!("Kafka node {} is not running", self.id) };
+        let sent = Command::new("kill").arg("-CONT").arg(pid.to_string()).status().expect("kill runs");
+        assert!(sent.success(), "cannot resume Kafka node {}", self.id);
     }
 
     /// Stops its JVM gracefully (SIGTERM: a controlled shutdown, its

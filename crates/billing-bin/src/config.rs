@@ -276,6 +276,15 @@ pub(crate) struct RunArgs {
     /// long a restart may take without a rebalance.
     #[arg(long, env = "KAFKA_SESSION_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub(crate) session_timeout: Duration,
+    /// Which events of transactional producers are charged: read_committed
+    /// (only those of committed transactions) or read_uncommitted.
+    #[arg(long, env = "KAFKA_ISOLATION_LEVEL", default_value = "read_committed", value_parser = parse_isolation)]
+    pub(crate) isolation_level: retry_kafka::IsolationLevel,
+    /// How events republished to retry and dead-letter topics are
+    /// compressed: as-source (as their batch was, lz4 when it was not
+    /// compressed), none, gzip, snappy, lz4 or zstd.
+    #[arg(long, env = "KAFKA_PUBLISH_COMPRESSION", default_value = "as-source", value_parser = parse_compression)]
+    pub(crate) publish_compression: retry_kafka::Compression,
     /// How many events of one partition are charged at once (events of one
     /// key, one after another); 1 charges one event at a time.
     #[arg(long, env = "BILLING_MAX_IN_FLIGHT", default_value_t = 64)]
@@ -451,4 +460,12 @@ pub(crate) fn init_logging(format: LogFormat) {
         LogFormat::Pretty => builder.init(),
         LogFormat::Json => builder.json().with_current_span(true).init(),
     }
+}
+
+fn parse_isolation(s: &str) -> Result<retry_kafka::IsolationLevel, String> {
+    s.parse().map_err(|e: retry_kafka::Error| e.to_string())
+}
+
+fn parse_compression(s: &str) -> Result<retry_kafka::Compression, String> {
+    s.parse().map_err(|e: retry_kafka::Error| e.to_string())
 }

@@ -131,6 +131,8 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     // A rebalance lets each charge in flight run its timeout, then commits.
     config.rebalance_timeout = config.rebalance_timeout.max(config.handler_timeout * 2);
     config.dlq_poll_interval = args.dlq_poll_interval;
+    config.isolation_level = args.isolation_level;
+    config.publish_compression = args.publish_compression;
     config.window = window;
     config.brake = brake;
     let groups: Vec<(String, String)> = config

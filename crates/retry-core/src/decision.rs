@@ -319,6 +319,37 @@ impl RetryPolicy {
         Decision::Retry { topic: topic.clone(), due_at, headers: with_retry_headers(record.headers, &next) }
     }
 
+    /// Decides what happens to what was read at `stage` but cannot be handed
+    /// to the handler as it is (`problem` says why: a header name that is
+    /// not UTF-8, a batch that cannot be decoded): the dead-letter topic,
+    /// `undecodable`, with `problem` in `x-error`, at once, whatever the
+    /// rung. The record's own retry headers are carried forward when they
+    /// decode.
+    ///
+    /// ```
+    /// use retry_core::{DeadLetterReason, Decision, Headers, RecordMeta, RetryPolicy, RetryTopology, Stage, Timestamp};
+    ///
+    /// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+    /// let none = Headers::new();
+    /// let record = RecordMeta { topic: "orders", partition: 0, offset: 7, timestamp: None, headers: &none };
+    /// let now = Timestamp::from_millis(0);
+    /// let Decision::DeadLetter { reason, headers, .. } = policy.undecodable(Stage::SOURCE, &record, "bad batch", now) else {
+    ///     panic!("always dead-lettered")
+    /// };
+    /// assert_eq!(reason, DeadLetterReason::Undecodable);
+    /// assert_eq!(headers.get("x-error"), Some(&b"bad batch"[..]));
+    /// assert_eq!(headers.get("x-original-offset"), Some(&b"7"[..]));
+    /// ```
+    pub fn undecodable(&self, stage: Stage, record: &RecordMeta<'_>, problem: &str, now: Timestamp) -> Decision {
+        match self.decide(stage, record, &Err(HandlerError::permanent(problem)), now) {
+            Decision::DeadLetter { topic, reason: DeadLetterReason::PermanentFailure, mut headers } => {
+                headers.insert(crate::header_names::DEAD_LETTER_REASON, DeadLetterReason::Undecodable.as_str());
+                Decision::DeadLetter { topic, reason: DeadLetterReason::Undecodable, headers }
+            }
+            other => other,
+        }
+    }
+
     /// When a record read at `stage` becomes due: at once on the source; on a
     /// retry rung at `x-retry-due-at`, or the record's timestamp plus the
     /// rung's delay when that header is absent or malformed, or `now` plus

@@ -172,7 +172,7 @@ impl From<Headers> for BTreeMap<String, Vec<u8>> {
 ///
 /// assert_eq!(DeadLetterReason::RetriesExhausted.as_str(), "retries-exhausted");
 /// assert_eq!(DeadLetterReason::DeadlineExceeded.to_string(), "deadline-exceeded");
-/// assert_eq!(DeadLetterReason::ALL.len(), 4);
+/// assert_eq!(DeadLetterReason::ALL.len(), 5);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -185,6 +185,10 @@ pub enum DeadLetterReason {
     DeadlineExceeded,
     /// A record on a retry topic carried retry headers that cannot be decoded.
     CorruptRetryHeaders,
+    /// What was read cannot be handled as it is (a header name that is not
+    /// UTF-8, a batch that cannot be decoded): dead-lettered as it is, the
+    /// handler never called.
+    Undecodable,
 }
 
 impl DeadLetterReason {
@@ -195,15 +199,17 @@ impl DeadLetterReason {
             DeadLetterReason::RetriesExhausted => "retries-exhausted",
             DeadLetterReason::DeadlineExceeded => "deadline-exceeded",
             DeadLetterReason::CorruptRetryHeaders => "corrupt-retry-headers",
+            DeadLetterReason::Undecodable => "undecodable",
         }
     }
 
     /// Every reason.
-    pub const ALL: [DeadLetterReason; 4] = [
+    pub const ALL: [DeadLetterReason; 5] = [
         DeadLetterReason::PermanentFailure,
         DeadLetterReason::RetriesExhausted,
         DeadLetterReason::DeadlineExceeded,
         DeadLetterReason::CorruptRetryHeaders,
+        DeadLetterReason::Undecodable,
     ];
 
     fn parse(s: &str) -> Option<Self> {

@@ -59,6 +59,7 @@ pub use admin::{
         ReplayReport, ReplayRequest, SkippedRecord, MAX_SKIPPED_SHOWN,
     },
     offsets::GroupOffsets,
+    records::{read_partition, WrittenRecord},
     topics::{Created, CreatedTopic, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec},
 };
 pub use consumer::listener::{Listener, ListenerConfig, OffsetReset, Readiness};
@@ -100,6 +101,97 @@ impl TopicPartition {
 impl std::fmt::Display for TopicPartition {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}[{}]", self.topic, self.partition)
+    }
+}
+
+/// Which records of transactional producers a listener reads (Kafka's
+/// `isolation.level`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IsolationLevel {
+    /// Only records of committed transactions (and of producers without
+    /// transactions); records of aborted transactions never reach the
+    /// handler, and a partition is read up to its last stable offset.
+    #[default]
+    ReadCommitted,
+    /// Every record, committed, aborted or still open.
+    ReadUncommitted,
+}
+
+impl std::str::FromStr for IsolationLevel {
+    type Err = Error;
+
+    /// `read_committed` or `read_uncommitted`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "read_committed" => Ok(IsolationLevel::ReadCommitted),
+            "read_uncommitted" => Ok(IsolationLevel::ReadUncommitted),
+            other => Err(Error::Config(format!(
+                "isolation level {other:?} is neither read_committed nor read_uncommitted"
+            ))),
+        }
+    }
+}
+
+/// How records republished to retry and dead-letter topics are compressed.
+///
+/// ```
+/// use retry_kafka::Compression;
+///
+/// assert_eq!("zstd".parse::<Compression>().unwrap(), Compression::Zstd);
+/// assert_eq!("as-source".parse::<Compression>().unwrap(), Compression::AsSource);
+/// assert!("brotli".parse::<Compression>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// As the batch the record was read in; lz4 when it was not compressed.
+    #[default]
+    AsSource,
+    /// Not compressed.
+    None,
+    /// gzip.
+    Gzip,
+    /// snappy.
+    Snappy,
+    /// lz4.
+    Lz4,
+    /// zstd.
+    Zstd,
+}
+
+impl Compression {
+    /// The codec of a republication of a record read in a batch of `source`.
+    pub(crate) fn codec_for(self, source: protocol::batch::Codec) -> protocol::batch::Codec {
+        use protocol::batch::Codec;
+        match self {
+            Compression::AsSource if source == Codec::None => Codec::Lz4,
+            Compression::AsSource => source,
+            Compression::None => Codec::None,
+            Compression::Gzip => Codec::Gzip,
+            Compression::Snappy => Codec::Snappy,
+            Compression::Lz4 => Codec::Lz4,
+            Compression::Zstd => Codec::Zstd,
+        }
+    }
+}
+
+impl std::str::FromStr for Compression {
+    type Err = Error;
+
+    /// `as-source`, `none`, `gzip`, `snappy`, `lz4` or `zstd`.
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "as-source" => Compression::AsSource,
+            "none" => Compression::None,
+            "gzip" => Compression::Gzip,
+            "snappy" => Compression::Snappy,
+            "lz4" => Compression::Lz4,
+            "zstd" => Compression::Zstd,
+            other => {
+                return Err(Error::Config(format!(
+                    "compression {other:?} is none of as-source, none, gzip, snappy, lz4, zstd"
+                )))
+            }
+        })
     }
 }
 

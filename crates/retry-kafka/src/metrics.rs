@@ -141,7 +141,12 @@ impl Metrics {
 
     /// Counts an event that has no Prometheus metric of its own.
     pub(crate) fn count(&self, stat: impl FnOnce(&ListenerStats) -> &AtomicU64) {
-        stat(&self.stats).fetch_add(1, Relaxed);
+        self.add(stat, 1);
+    }
+
+    /// Counts `n` events that have no Prometheus metric of their own.
+    pub(crate) fn add(&self, stat: impl FnOnce(&ListenerStats) -> &AtomicU64, n: u64) {
+        stat(&self.stats).fetch_add(n, Relaxed);
     }
 
     /// Registers every metric in `registry`.

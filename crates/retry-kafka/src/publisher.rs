@@ -1,5 +1,8 @@
-//! Republishing records to retry and dead-letter topics, acknowledged by
-//! all in-sync replicas (rskafka produces with acks=all).
+//! Republishing records to retry and dead-letter topics: an idempotent
+//! producer (the broker drops what a retried request already wrote), acks
+//! by every in-sync replica, records written as they were read (headers in
+//! order, duplicates, null values and names that are not UTF-8 included),
+//! compressed.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -7,28 +10,45 @@ use std::{
 };
 
 use bytes::Bytes;
-use chrono::{TimeZone, Utc};
 use retry_core::{Headers, Timestamp};
-use rskafka::{
-    client::{
-        error::{Error as ClientError, ProtocolError},
-        partition::{Compression, PartitionClient, UnknownTopicHandling},
+
+use crate::{
+    cluster::Cluster,
+    protocol::{
+        batch::{self, Codec, NewRecord, RawHeader, Sequenced},
+        metadata,
+        produce::{self, Identity, Written},
+        wire::Connection,
+        ResponseError,
     },
-    record::Record,
+    ConnectionConfig, Error, Result,
 };
 
-use tokio::task::JoinSet;
-
-use crate::{cluster::Cluster, Error, Result};
-
-/// Publishes to any topic-partition, caching one rskafka client per target.
+/// Publishes to any topic-partition of the cluster.
 pub(crate) struct Publisher {
     cluster: Arc<Cluster>,
-    partitions: Mutex<HashMap<(String, i32), Arc<PartitionClient>>>,
+    config: ConnectionConfig,
     partition_counts: Mutex<HashMap<String, i32>>,
+    /// The leader of each target partition, as last learnt.
+    leaders: Mutex<HashMap<(String, i32), String>>,
+    /// One connection per broker, one request at a time on it.
+    connections: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Connection>>>>>,
+    idempotence: tokio::sync::Mutex<Idempotence>,
+    /// The next sequence number per target partition.
+    sequences: Mutex<HashMap<(String, i32), i32>>,
     max_request_bytes: usize,
     /// Produce requests split in two after the broker refused them as too large.
     splits: Arc<AtomicU64>,
+}
+
+/// The producer's identity, as far as it is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Idempotence {
+    /// Not asked yet, or dropped after the broker forgot it.
+    Unknown,
+    Known(Identity),
+    /// The broker has no InitProducerId: requests are not deduplicated.
+    Unsupported,
 }
 
 /// How a failed publish is to be treated.
@@ -51,8 +71,8 @@ pub(crate) enum PublishFailure {
 
 impl PublishFailure {
     /// Classifies a broker's answer to a produce request.
-    pub(crate) fn of(error: ProtocolError) -> PublishFailure {
-        use ProtocolError::*;
+    pub(crate) fn of(error: ResponseError) -> PublishFailure {
+        use ResponseError::*;
         match error {
             MessageTooLarge | RecordListTooLarge => PublishFailure::TooLarge,
             NotEnoughReplicas | NotEnoughReplicasAfterAppend => PublishFailure::UnderReplicated,
@@ -74,9 +94,7 @@ impl PublishFailure {
     /// Classifies any error of [`Publisher::publish_all`].
     pub(crate) fn of_error(error: &Error) -> PublishFailure {
         match error {
-            Error::Client { source: ClientError::ServerError { protocol_error, .. }, .. } => {
-                PublishFailure::of(*protocol_error)
-            }
+            Error::Broker { api: "Produce", error, .. } => PublishFailure::of(*error),
             // A target topic that vanished or lost partitions.
             Error::Config(_) => PublishFailure::Refused,
             _ => PublishFailure::Retriable,
@@ -85,24 +103,58 @@ impl PublishFailure {
 }
 
 /// A record to publish.
+#[derive(Debug, Clone)]
 pub(crate) struct Outgoing {
     pub(crate) topic: String,
     pub(crate) source_partition: i32,
     pub(crate) key: Option<Bytes>,
     pub(crate) value: Option<Bytes>,
-    pub(crate) headers: Headers,
+    /// Every header, in order, as written.
+    pub(crate) headers: Vec<RawHeader>,
     pub(crate) timestamp: Timestamp,
+    /// How its batch is compressed.
+    pub(crate) codec: Codec,
+}
+
+/// `headers` as written on the wire.
+pub(crate) fn raw_headers(headers: &Headers) -> Vec<RawHeader> {
+    headers
+        .iter()
+        .map(|(name, value)| RawHeader {
+            name: Bytes::copy_from_slice(name.as_bytes()),
+            value: Some(Bytes::copy_from_slice(value)),
+        })
+        .collect()
+}
+
+/// The headers of a republication: the record's own as it was read
+/// (`original`, ours among them left out), then ours as `decided`.
+pub(crate) fn republished_headers(original: &[RawHeader], decided: &Headers) -> Vec<RawHeader> {
+    use retry_core::header_names::is_retry_header;
+    let ours = |name: &[u8]| std::str::from_utf8(name).is_ok_and(is_retry_header);
+    let mut out: Vec<RawHeader> = original.iter().filter(|h| !ours(&h.name)).cloned().collect();
+    out.extend(raw_headers(decided).into_iter().filter(|h| ours(&h.name)));
+    out
 }
 
 impl Publisher {
     /// A publisher whose produce requests carry at most `max_request_bytes`
-    /// (estimated) unless a single record is larger.
+    /// (estimated, before compression) unless a single record is larger.
     /// Splits are counted in `splits`.
-    pub(crate) fn new(cluster: Arc<Cluster>, max_request_bytes: usize, splits: Arc<AtomicU64>) -> Self {
+    pub(crate) fn new(
+        cluster: Arc<Cluster>,
+        config: &ConnectionConfig,
+        max_request_bytes: usize,
+        splits: Arc<AtomicU64>,
+    ) -> Self {
         Publisher {
             cluster,
-            partitions: Mutex::default(),
+            config: config.clone(),
             partition_counts: Mutex::default(),
+            leaders: Mutex::default(),
+            connections: Mutex::default(),
+            idempotence: tokio::sync::Mutex::new(Idempotence::Unknown),
+            sequences: Mutex::default(),
             max_request_bytes,
             splits,
         }
@@ -115,6 +167,11 @@ impl Publisher {
     /// A request the broker refuses as too large is split in two and sent
     /// again. Records acknowledged are removed from `outbox`; on error the
     /// rest stay, for a later try, and the first error is returned.
+    ///
+    /// Requests carry the producer's id and sequence numbers: a request
+    /// tried again after its answer was lost is written once. A later call
+    /// with what an earlier one left cuts the same requests again, so the
+    /// broker recognises them.
     ///
     /// A record keeps its source partition number when the target has it
     /// (the usual case: topics are verified to have at least as many
@@ -135,85 +192,152 @@ impl Publisher {
                 }
             }
         }
-        let mut requests = JoinSet::new();
+        let mut sends = Vec::new();
         for ((topic, partition), records) in groups {
             if partition < 0 {
                 outbox.extend(records); // no partition count: not sent
                 continue;
             }
-            let client = match self.partition_client(&topic, partition).await {
-                Ok(client) => client,
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                    outbox.extend(records);
-                    continue;
-                }
-            };
-            let max_bytes = self.max_request_bytes;
-            let splits = self.splits.clone();
-            let timeout = self.cluster.request_timeout();
-            requests.spawn(async move {
-                let mut queue: VecDeque<Vec<Outgoing>> = chunks(records, max_bytes).into();
-                while let Some(chunk) = queue.pop_front() {
-                    let batch = chunk.iter().map(to_rskafka).collect();
-                    let produce = client.produce(batch, Compression::NoCompression);
-                    let source = match tokio::time::timeout(timeout, produce).await {
-                        Ok(Ok(_)) => continue,
-                        Ok(Err(source)) => source,
-                        Err(_) => {
-                            let unsent: Vec<Outgoing> = std::iter::once(chunk).chain(queue).flatten().collect();
-                            let what = format!("publishing to {topic}/{partition}");
-                            return (Err(Error::Deadline { what, timeout }), unsent);
-                        }
-                    };
-                    let too_large = matches!(
-                        &source,
-                        ClientError::ServerError { protocol_error, .. }
-                            if PublishFailure::of(*protocol_error) == PublishFailure::TooLarge
-                    );
-                    if too_large && chunk.len() > 1 {
-                        splits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let mut first = chunk;
-                        let second = first.split_off(first.len() / 2);
-                        tracing::info!(%topic, partition, records = first.len() + second.len(), "the broker refused a produce request as too large; splitting it");
-                        queue.push_front(second);
-                        queue.push_front(first);
-                        continue;
-                    }
-                    let unsent: Vec<Outgoing> = std::iter::once(chunk).chain(queue).flatten().collect();
-                    let error = Error::Client { what: format!("publishing to {topic}/{partition}"), source };
-                    return (Err(error), unsent);
-                }
-                (Ok(()), Vec::new())
-            });
+            sends.push(self.publish_partition(topic, partition, records));
         }
-        while let Some(joined) = requests.join_next().await {
-            let (result, records) = joined.expect("produce tasks do not panic");
+        for (result, unsent) in futures_util::future::join_all(sends).await {
             if let Err(e) = result {
-                if let (Error::Deadline { .. }, Some(first)) = (&e, records.first()) {
-                    // Its connection may be hung: the next try gets a new one.
-                    let target = first.topic.clone();
-                    let partition = choose_partition(first.source_partition, first.key.as_deref(), self.count(&target));
-                    self.partitions.lock().expect("not poisoned").remove(&(target, partition));
-                }
                 first_error.get_or_insert(e);
-                outbox.extend(records);
+                outbox.extend(unsent);
             }
         }
         match first_error {
-            Some(e) => {
-                // A leader may have moved: rskafka's cached view must not
-                // send the next try to the same wrong broker.
-                self.cluster.refresh_metadata().await;
-                Err(e)
-            }
+            Some(e) => Err(e),
             None => Ok(()),
         }
     }
 
-    /// The cached partition count of `topic` (0 when unknown).
-    fn count(&self, topic: &str) -> i32 {
-        self.partition_counts.lock().expect("not poisoned").get(topic).copied().unwrap_or(0)
+    /// Publishes `records` to `topic`/`partition` in order; on error, the
+    /// error and what was not acknowledged.
+    async fn publish_partition(&self, topic: String, partition: i32, records: Vec<Outgoing>) -> (Result<()>, Vec<Outgoing>) {
+        let mut queue: VecDeque<Vec<Outgoing>> = chunks(records, self.max_request_bytes).into();
+        while let Some(chunk) = queue.pop_front() {
+            let source = match self.send(&topic, partition, &chunk).await {
+                Ok(()) => continue,
+                Err(source) => source,
+            };
+            let too_large = matches!(&source, Error::Broker { api: "Produce", error, .. }
+                if PublishFailure::of(*error) == PublishFailure::TooLarge);
+            if too_large && chunk.len() > 1 {
+                self.splits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut first = chunk;
+                let second = first.split_off(first.len() / 2);
+                tracing::info!(%topic, partition, records = first.len() + second.len(), "the broker refused a produce request as too large; splitting it");
+                queue.push_front(second);
+                queue.push_front(first);
+                continue;
+            }
+            let unsent: Vec<Outgoing> = std::iter::once(chunk).chain(queue).flatten().collect();
+            return (Err(source), unsent);
+        }
+        (Ok(()), Vec::new())
+    }
+
+    /// Sends one produce request for `chunk` (records of one codec) to the
+    /// partition's leader and waits for its answer.
+    async fn send(&self, topic: &str, partition: i32, chunk: &[Outgoing]) -> Result<()> {
+        let target = (topic.to_owned(), partition);
+        let leader = self.leader(topic, partition).await?;
+        let slot = self.connection_slot(&leader);
+        let mut slot = slot.lock().await;
+        let result = async {
+            let conn = match slot.as_mut() {
+                Some(conn) if !conn.is_broken() => conn,
+                _ => slot.insert(Connection::connect(&leader, &self.config).await?),
+            };
+            let identity = self.identity(conn).await?;
+            let base_sequence = self.sequences.lock().expect("not poisoned").get(&target).copied().unwrap_or(0);
+            let producer = identity.map(|id| Sequenced {
+                producer_id: id.producer_id,
+                producer_epoch: id.producer_epoch,
+                base_sequence,
+            });
+            let batch = encode(chunk, producer);
+            let written = produce::produce(conn, topic, partition, batch, self.config.request_timeout).await?;
+            if written == Written::Duplicate {
+                tracing::info!(%topic, partition, records = chunk.len(), "the broker had written these records already (a retried request): not written twice");
+            }
+            if identity.is_some() {
+                let next = next_sequence(base_sequence, chunk.len());
+                self.sequences.lock().expect("not poisoned").insert(target.clone(), next);
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = &result {
+            match e {
+                Error::Broker { error, .. } => match error {
+                    ResponseError::OutOfOrderSequenceNumber
+                    | ResponseError::UnknownProducerId
+                    | ResponseError::InvalidProducerEpoch
+                    | ResponseError::ProducerFenced => {
+                        // The broker lost track of us: a new identity, sequences from 0.
+                        tracing::warn!(%topic, partition, error = ?error, "the broker does not know the producer's sequence; starting a new producer id");
+                        *self.idempotence.lock().await = Idempotence::Unknown;
+                        self.sequences.lock().expect("not poisoned").clear();
+                    }
+                    _ => {
+                        self.leaders.lock().expect("not poisoned").remove(&target);
+                    }
+                },
+                // No answer, or a broken connection: the request may have
+                // been written; the next try sends the same sequence.
+                _ => {
+                    *slot = None;
+                    self.leaders.lock().expect("not poisoned").remove(&target);
+                }
+            }
+        }
+        result
+    }
+
+    /// The producer's identity, asked of `conn`'s broker the first time;
+    /// `None` when the cluster does not offer idempotence.
+    async fn identity(&self, conn: &mut Connection) -> Result<Option<Identity>> {
+        let mut idempotence = self.idempotence.lock().await;
+        match *idempotence {
+            Idempotence::Known(identity) => return Ok(Some(identity)),
+            Idempotence::Unsupported => return Ok(None),
+            Idempotence::Unknown => {}
+        }
+        match produce::init_producer_id(conn).await? {
+            Some(identity) => {
+                tracing::debug!(producer_id = identity.producer_id, epoch = identity.producer_epoch, "idempotent producer");
+                *idempotence = Idempotence::Known(identity);
+                Ok(Some(identity))
+            }
+            None => {
+                tracing::warn!(addr = %conn.addr(), "the broker has no InitProducerId: republications are not deduplicated when a produce request is retried");
+                *idempotence = Idempotence::Unsupported;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn leader(&self, topic: &str, partition: i32) -> Result<String> {
+        let key = (topic.to_owned(), partition);
+        if let Some(addr) = self.leaders.lock().expect("not poisoned").get(&key) {
+            return Ok(addr.clone());
+        }
+        let leaders = metadata::leaders(&self.config, topic).await?;
+        let mut cache = self.leaders.lock().expect("not poisoned");
+        for (p, addr) in leaders {
+            cache.insert((topic.to_owned(), p), addr);
+        }
+        cache.get(&key).cloned().ok_or_else(|| Error::Protocol {
+            addr: self.config.bootstrap.join(","),
+            api: "Metadata",
+            reason: format!("no leader known for {topic}/{partition}"),
+        })
+    }
+
+    fn connection_slot(&self, addr: &str) -> Arc<tokio::sync::Mutex<Option<Connection>>> {
+        self.connections.lock().expect("not poisoned").entry(addr.to_owned()).or_default().clone()
     }
 
     async fn partition_count(&self, topic: &str) -> Result<i32> {
@@ -231,42 +355,44 @@ impl Publisher {
             .filter(|n| *n > 0)
             .ok_or_else(|| Error::Config(format!("topic {topic} does not exist: create the ladder's topics first")))
     }
-
-    async fn partition_client(&self, topic: &str, partition: i32) -> Result<Arc<PartitionClient>> {
-        let key = (topic.to_owned(), partition);
-        if let Some(c) = self.partitions.lock().expect("not poisoned").get(&key) {
-            return Ok(c.clone());
-        }
-        let client = self.cluster.partition_client(topic, partition, UnknownTopicHandling::Error).await?;
-        let client = Arc::new(client);
-        self.partitions.lock().expect("not poisoned").insert(key, client.clone());
-        Ok(client)
-    }
 }
 
-/// What one record adds to a produce request, roughly: its bytes plus the
-/// record and header framing (varints, attributes, deltas).
+/// The sequence after `count` records from `base` (Kafka wraps at i32::MAX).
+fn next_sequence(base: i32, count: usize) -> i32 {
+    ((i64::from(base) + count as i64) % (i64::from(i32::MAX) + 1)) as i32
+}
+
+/// One batch of `records` (all of one codec).
+fn encode(records: &[Outgoing], producer: Option<Sequenced>) -> Bytes {
+    let codec = records.first().map_or(Codec::None, |r| r.codec);
+    let input: Vec<(NewRecord<'_>, Vec<(&[u8], Option<&[u8]>)>)> = records
+        .iter()
+        .map(|r| {
+            let headers = r.headers.iter().map(|h| (&h.name[..], h.value.as_deref())).collect();
+            (NewRecord { key: r.key.as_deref(), value: r.value.as_deref(), timestamp: r.timestamp.as_millis() }, headers)
+        })
+        .collect();
+    batch::encode(&input, codec, producer)
+}
+
+/// What one record adds to a produce request before compression.
 fn estimated_size(record: &Outgoing) -> usize {
-    const RECORD_OVERHEAD: usize = 24;
-    const HEADER_OVERHEAD: usize = 10;
-    let headers: usize = record.headers.iter().map(|(k, v)| k.len() + v.len() + HEADER_OVERHEAD).sum();
-    RECORD_OVERHEAD
-        + record.key.as_ref().map_or(0, |k| k.len())
-        + record.value.as_ref().map_or(0, |v| v.len())
-        + headers
+    batch::record_size(
+        NewRecord { key: record.key.as_deref(), value: record.value.as_deref(), timestamp: 0 },
+        record.headers.iter().map(|h| (&h.name[..], h.value.as_deref())),
+    )
 }
 
 /// Cuts `records` into runs, in order, of at most `max_bytes` (estimated)
-/// each; a record larger than that alone makes a run.
+/// each and of one codec; a record larger than that alone makes a run.
 fn chunks(records: Vec<Outgoing>, max_bytes: usize) -> Vec<Vec<Outgoing>> {
-    /// The batch header of a produce request's record batch.
-    const BATCH_OVERHEAD: usize = 61;
+    const BATCH_OVERHEAD: usize = batch::HEADER_BYTES;
     let mut out: Vec<Vec<Outgoing>> = Vec::new();
     let mut size = 0;
     for record in records {
         let n = estimated_size(&record);
         match out.last_mut() {
-            Some(run) if size + n <= max_bytes => {
+            Some(run) if size + n <= max_bytes && run[0].codec == record.codec => {
                 size += n;
                 run.push(record);
             }
@@ -277,20 +403,6 @@ fn chunks(records: Vec<Outgoing>, max_bytes: usize) -> Vec<Vec<Outgoing>> {
         }
     }
     out
-}
-
-fn to_rskafka(record: &Outgoing) -> Record {
-    let timestamp = Utc
-        .timestamp_millis_opt(record.timestamp.as_millis())
-        .single()
-        .unwrap_or_else(|| Utc.timestamp_millis_opt(0).single().expect("the epoch exists"));
-    Record {
-        key: record.key.as_ref().map(|k| k.to_vec()),
-        value: record.value.as_ref().map(|v| v.to_vec()),
-        // rskafka's headers are a map: a repeated name keeps its last value.
-        headers: record.headers.clone().into(),
-        timestamp,
-    }
 }
 
 fn choose_partition(source_partition: i32, key: Option<&[u8]>, count: i32) -> i32 {
@@ -363,8 +475,9 @@ mod tests {
             source_partition: 0,
             key: None,
             value: Some(Bytes::from(vec![b'x'; value_len])),
-            headers: Headers::default(),
+            headers: Vec::new(),
             timestamp: Timestamp::from_millis(0),
+            codec: Codec::None,
         }
     }
 
@@ -379,7 +492,7 @@ mod tests {
 
     #[test]
     fn produce_requests_are_capped_in_bytes() {
-        // Each record costs its value plus 24; a run adds 61.
+        // Each record costs its value plus about 26; a run adds 61.
         check_chunks(&[], 1000, &[]);
         check_chunks(&[100, 100, 100], 1000, &[&[100, 100, 100]]);
         check_chunks(&[300, 300, 300], 1000, &[&[300, 300], &[300]]);
@@ -391,16 +504,62 @@ mod tests {
     #[test]
     fn publish_failures() {
         let check = |error, expected| assert_eq!(PublishFailure::of(error), expected, "{error:?}");
-        check(ProtocolError::NotLeaderOrFollower, PublishFailure::Retriable);
-        check(ProtocolError::RequestTimedOut, PublishFailure::Retriable);
-        check(ProtocolError::NotEnoughReplicas, PublishFailure::UnderReplicated);
-        check(ProtocolError::NotEnoughReplicasAfterAppend, PublishFailure::UnderReplicated);
-        check(ProtocolError::MessageTooLarge, PublishFailure::TooLarge);
-        check(ProtocolError::RecordListTooLarge, PublishFailure::TooLarge);
-        check(ProtocolError::TopicAuthorizationFailed, PublishFailure::Refused);
-        check(ProtocolError::ClusterAuthorizationFailed, PublishFailure::Refused);
-        check(ProtocolError::InvalidRecord, PublishFailure::Refused);
-        check(ProtocolError::PolicyViolation, PublishFailure::Refused);
+        check(ResponseError::NotLeaderOrFollower, PublishFailure::Retriable);
+        check(ResponseError::RequestTimedOut, PublishFailure::Retriable);
+        check(ResponseError::NotEnoughReplicas, PublishFailure::UnderReplicated);
+        check(ResponseError::NotEnoughReplicasAfterAppend, PublishFailure::UnderReplicated);
+        check(ResponseError::MessageTooLarge, PublishFailure::TooLarge);
+        check(ResponseError::RecordListTooLarge, PublishFailure::TooLarge);
+        check(ResponseError::TopicAuthorizationFailed, PublishFailure::Refused);
+        check(ResponseError::ClusterAuthorizationFailed, PublishFailure::Refused);
+        check(ResponseError::InvalidRecord, PublishFailure::Refused);
+        check(ResponseError::PolicyViolation, PublishFailure::Refused);
+    }
+
+    #[test]
+    fn a_run_has_one_codec() {
+        let mut records: Vec<Outgoing> = (0..4).map(|_| outgoing(10)).collect();
+        records[2].codec = Codec::Lz4;
+        records[3].codec = Codec::Lz4;
+        let codecs: Vec<Vec<Codec>> =
+            chunks(records, 1000).iter().map(|run| run.iter().map(|r| r.codec).collect()).collect();
+        assert_eq!(codecs, [vec![Codec::None; 2], vec![Codec::Lz4; 2]]);
+    }
+
+    #[test]
+    fn sequences_wrap_like_kafka() {
+        assert_eq!(next_sequence(0, 3), 3);
+        assert_eq!(next_sequence(i32::MAX - 1, 1), i32::MAX);
+        assert_eq!(next_sequence(i32::MAX - 1, 3), 1);
+    }
+
+    #[test]
+    fn republications_keep_the_record_s_headers_and_replace_ours() {
+        let raw = |name: &[u8], value: Option<&[u8]>| RawHeader {
+            name: Bytes::copy_from_slice(name),
+            value: value.map(Bytes::copy_from_slice),
+        };
+        let original = vec![
+            raw(b"b", Some(b"1")),
+            raw(b"x-retry-attempt", Some(b"1")),
+            raw(b"b", Some(b"2")),
+            raw(b"null", None),
+            raw(b"\xff", Some(b"bytes")),
+        ];
+        let mut decided = Headers::new();
+        decided.insert("b", "2"); // what core kept of the producer's: ignored here
+        decided.insert("x-retry-attempt", "2");
+        decided.insert("x-error", "boom");
+        let got = republished_headers(&original, &decided);
+        let expected = vec![
+            raw(b"b", Some(b"1")),
+            raw(b"b", Some(b"2")),
+            raw(b"null", None),
+            raw(b"\xff", Some(b"bytes")),
+            raw(b"x-retry-attempt", Some(b"2")),
+            raw(b"x-error", Some(b"boom")),
+        ];
+        assert_eq!(got, expected);
     }
 
     #[test]

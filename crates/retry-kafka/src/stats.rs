@@ -19,9 +19,9 @@ pub struct ListenerStats {
     pub(crate) offset_resets: AtomicU64,
     pub(crate) positions_kept: AtomicU64,
     pub(crate) fetch_failures: AtomicU64,
-    pub(crate) fallback_fetches: AtomicU64,
-    pub(crate) undecodable_fetches: AtomicU64,
-    pub(crate) null_headers_dropped: AtomicU64,
+    pub(crate) undecodable_records: AtomicU64,
+    pub(crate) aborted_records_skipped: AtomicU64,
+    pub(crate) null_header_records: AtomicU64,
     pub(crate) brake_engagements: AtomicU64,
     pub(crate) held_by_brake: AtomicU64,
     pub(crate) evictions: AtomicU64,
@@ -61,13 +61,14 @@ pub struct StatsSnapshot {
     pub positions_kept: u64,
     /// Failed fetches (each retried with backoff).
     pub fetch_failures: u64,
-    /// Batches rskafka could not decode, read through the fallback decoder.
-    pub fallback_fetches: u64,
-    /// rskafka fetches that failed to decode (each then read through the
-    /// fallback decoder, which the partition keeps using for a while).
-    pub undecodable_fetches: u64,
-    /// Records whose null header values were dropped.
-    pub null_headers_dropped: u64,
+    /// Records that could not be handled as they are (a header name that is
+    /// not UTF-8, a batch that cannot be decoded), each dead-lettered as it is.
+    pub undecodable_records: u64,
+    /// Records of aborted transactions left out (`read_committed`).
+    pub aborted_records_skipped: u64,
+    /// Records with headers whose value is null: the handler does not see
+    /// those headers; republications keep them.
+    pub null_header_records: u64,
     /// How often the outage brake engaged.
     pub brake_engagements: u64,
     /// Times a record that exhausted the ladder was held back from the
@@ -101,9 +102,9 @@ impl ListenerStats {
             offset_resets: self.offset_resets.load(Relaxed),
             positions_kept: self.positions_kept.load(Relaxed),
             fetch_failures: self.fetch_failures.load(Relaxed),
-            fallback_fetches: self.fallback_fetches.load(Relaxed),
-            undecodable_fetches: self.undecodable_fetches.load(Relaxed),
-            null_headers_dropped: self.null_headers_dropped.load(Relaxed),
+            undecodable_records: self.undecodable_records.load(Relaxed),
+            aborted_records_skipped: self.aborted_records_skipped.load(Relaxed),
+            null_header_records: self.null_header_records.load(Relaxed),
             brake_engagements: self.brake_engagements.load(Relaxed),
             held_by_brake: self.held_by_brake.load(Relaxed),
             evictions: self.evictions.load(Relaxed),

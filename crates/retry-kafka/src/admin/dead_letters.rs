@@ -19,10 +19,12 @@ use tokio::sync::Mutex;
 use crate::{
     admin::replay_lock::ReplayLock,
     cluster::{deadline, Cluster},
-    protocol::fallback::Fetched,
-    protocol::group::GroupClient,
-    publisher::Outgoing,
-    publisher::Publisher,
+    protocol::{
+        batch::{Codec, RawHeader},
+        fetch::{FetchError, Item, PartitionReader},
+        group::GroupClient,
+    },
+    publisher::{republished_headers, Outgoing, Publisher},
     ConnectionConfig, Error, Result, TopicPartition,
 };
 
@@ -70,6 +72,74 @@ pub struct DeadLetter {
     pub timestamp: Option<Timestamp>,
     /// All its headers.
     pub headers: Headers,
+}
+
+/// A record of the dead-letter topic as fetched.
+struct Read {
+    partition: i32,
+    offset: i64,
+    key: Option<Bytes>,
+    value: Option<Bytes>,
+    timestamp: Option<Timestamp>,
+    /// The headers with a value, names not UTF-8 shown with replacement characters.
+    headers: Headers,
+    /// Every header as written.
+    raw_headers: Vec<RawHeader>,
+    /// Set for a batch that cannot be read: why (its bytes are the value).
+    undecodable: Option<String>,
+}
+
+impl Read {
+    fn of(item: Item, partition: i32) -> Read {
+        match item {
+            Item::Record(r) => {
+                let headers = match r.valued_headers() {
+                    Ok((headers, _)) => headers,
+                    Err(_) => r
+                        .headers
+                        .iter()
+                        .filter_map(|h| Some((String::from_utf8_lossy(&h.name).into_owned(), h.value.as_ref()?.to_vec())))
+                        .collect(),
+                };
+                Read {
+                    partition,
+                    offset: r.offset,
+                    key: r.key,
+                    value: r.value,
+                    timestamp: (r.timestamp >= 0).then(|| Timestamp::from_millis(r.timestamp)),
+                    headers,
+                    raw_headers: r.headers,
+                    undecodable: None,
+                }
+            }
+            Item::Undecodable { header, raw, problem } => {
+                let problem = format!("offsets {} to {}: {problem}", header.base_offset, header.last_offset());
+                let mut headers = Headers::new();
+                headers.insert(retry_core::header_names::ERROR, problem.clone());
+                Read {
+                    partition,
+                    offset: header.base_offset,
+                    key: None,
+                    value: Some(raw),
+                    timestamp: None,
+                    headers,
+                    raw_headers: Vec::new(),
+                    undecodable: Some(problem),
+                }
+            }
+        }
+    }
+
+    fn into_dead_letter(self) -> DeadLetter {
+        DeadLetter {
+            partition: self.partition,
+            offset: self.offset,
+            key: self.key,
+            value: self.value,
+            timestamp: self.timestamp,
+            headers: self.headers,
+        }
+    }
 }
 
 /// What [`DeadLetterAdmin::browse_page`] reads.
@@ -236,7 +306,8 @@ impl DeadLetterAdmin {
         DeadLetterAdmin {
             publisher: Publisher::new(
                 cluster.clone(),
-                crate::consumer::listener::DEFAULT_MAX_REQUEST_BYTES,
+                &connection,
+            crate::consumer::listener::DEFAULT_MAX_REQUEST_BYTES,
                 Default::default(),
             ),
             operators: Mutex::new(GroupClient::new(connection.clone(), groups.operators())),
@@ -368,23 +439,14 @@ impl DeadLetterAdmin {
         let mut offset = from;
         let mut bytes = 0;
         while offset < end && out.len() < limit && bytes < max_bytes {
-            let what = || format!("reading {}/{}", self.topic(), pc.partition());
-            let (records, _) =
-                deadline(self.cluster.request_timeout(), what, pc.fetch_records(offset, 1..FETCH_BYTES, 0)).await?;
+            let records = self.fetch(pc.partition(), offset, FETCH_BYTES).await?;
             let before = out.len();
-            for r in records.into_iter().map(Fetched::from) {
+            for r in records {
                 if r.offset < offset || r.offset >= end || out.len() >= limit || bytes >= max_bytes {
                     continue;
                 }
                 offset = r.offset + 1;
-                let record = DeadLetter {
-                    partition: pc.partition(),
-                    offset: r.offset,
-                    key: r.key,
-                    value: r.value,
-                    timestamp: r.timestamp,
-                    headers: r.headers,
-                };
+                let record = r.into_dead_letter();
                 bytes += record.size();
                 out.push(record);
             }
@@ -393,6 +455,27 @@ impl DeadLetterAdmin {
             }
         }
         Ok(out)
+    }
+
+    /// One fetch of `partition` from `from`, at most `max_bytes`: what it
+    /// read, in order.
+    async fn fetch(&self, partition: i32, from: i64, max_bytes: i32) -> Result<Vec<Read>> {
+        let mut reader = PartitionReader::new(
+            &self.connection,
+            self.topic(),
+            partition,
+            crate::IsolationLevel::ReadUncommitted,
+            MAX_PAGE_BYTES as usize * 4,
+        );
+        let fetched = reader.fetch(from, max_bytes, std::time::Duration::ZERO).await.map_err(|e| match e {
+            FetchError::OutOfRange => Error::Broker {
+                api: "Fetch",
+                context: Some(format!("{}/{partition}@{from}", self.topic())),
+                error: crate::protocol::ResponseError::OffsetOutOfRange,
+            },
+            FetchError::NoAnswer(e) | FetchError::Failed(e) => e,
+        })?;
+        Ok(fetched.readable.items.into_iter().map(|item| Read::of(item, partition)).collect())
     }
 
     /// Up to `limit` records of `partition` from offset `from` on.
@@ -554,7 +637,6 @@ impl DeadLetterAdmin {
         report: &mut ReplayReport,
         progress: &mut impl FnMut(&ReplayReport),
     ) -> Result<()> {
-        let pc = self.partition(p.partition).await?;
         let mut position = {
             let mut operators = self.operators.lock().await;
             self.position(&mut operators, p.partition, p.earliest).await?
@@ -585,12 +667,7 @@ impl DeadLetterAdmin {
                 break;
             };
             let records = loop {
-                let what = || format!("reading {}/{}", self.topic(), p.partition);
-                let (records, _) = self
-                    .patiently(|| {
-                        deadline(self.cluster.request_timeout(), what, pc.fetch_records(from, 1..page_bytes, 0))
-                    })
-                    .await?;
+                let records = self.patiently(|| self.fetch(p.partition, from, page_bytes)).await?;
                 // Kafka answers at least one batch however small the page;
                 // brokers that answer nothing get a larger page, kept from then on.
                 if records.iter().any(|r| r.offset >= from) || page_bytes >= MAX_PAGE_BYTES {
@@ -602,7 +679,7 @@ impl DeadLetterAdmin {
             let mut page = position.clone();
             let mut outbox = Vec::new();
             let mut read_to = from;
-            for r in records.into_iter().map(Fetched::from) {
+            for r in records {
                 if r.offset < from || r.offset >= p.end {
                     continue;
                 }
@@ -611,6 +688,10 @@ impl DeadLetterAdmin {
                 }
                 read_to = r.offset + 1;
                 if page.is_handled(r.offset) || !selection.selects(r.offset, r.key.as_deref()) {
+                    continue;
+                }
+                if let Some(problem) = &r.undecodable {
+                    report.skip(p.partition, r.offset, format!("cannot be replayed: {problem}"));
                     continue;
                 }
                 let headers = match self.policy.replay_headers(&r.headers, request.target, now, request.guards) {
@@ -638,8 +719,9 @@ impl DeadLetterAdmin {
                     source_partition,
                     key: r.key,
                     value: r.value,
-                    headers,
+                    headers: republished_headers(&r.raw_headers, &headers),
                     timestamp: now,
+                    codec: Codec::Lz4,
                 });
                 report.replayed += 1;
                 report.partitions[at].replayed += 1;

@@ -2,10 +2,12 @@
 //! start-up verification), the dead-letter topic (`dead_letters`: status,
 //! browse, replay, acknowledge; `replay_lock`: one replay at a time across
 //! instances; `dlq`: the backlog gauge) and a group's
-//! offsets seen from outside (`offsets`).
+//! offsets seen from outside (`offsets`), and any partition read as written
+//! (`records`).
 
 pub(crate) mod dead_letters;
 pub(crate) mod dlq;
 pub(crate) mod offsets;
+pub(crate) mod records;
 pub(crate) mod replay_lock;
 pub(crate) mod topics;

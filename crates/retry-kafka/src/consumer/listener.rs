@@ -16,7 +16,7 @@ use crate::{
     metrics::Metrics,
     publisher::Publisher,
     stats::ListenerStats,
-    ConnectionConfig, DeadLetterAdmin, Error, RecordHandler, Result, TopicPlan,
+    Compression, ConnectionConfig, DeadLetterAdmin, Error, IsolationLevel, RecordHandler, Result, TopicPlan,
 };
 
 /// Where to start a partition that has no committed offset, or whose
@@ -82,6 +82,17 @@ pub struct ListenerConfig {
     pub fetch_max_wait: Duration,
     /// Where to start without a (valid) committed offset.
     pub offset_reset: OffsetReset,
+    /// Which records of transactional producers are read: only committed
+    /// ones (Kafka's `read_committed`, the default), or all.
+    pub isolation_level: IsolationLevel,
+    /// The most bytes one fetched batch may decompress to; a batch that
+    /// inflates further is dead-lettered as it is, never read into memory.
+    /// `None`: 32 times `fetch_max_bytes`, and at least 16 MiB.
+    pub max_batch_inflated: Option<usize>,
+    /// How republications to retry and dead-letter topics are compressed
+    /// (by default as the record's batch was, lz4 for uncompressed ones),
+    /// so that a record that fit compressed on its topic fits on the next.
+    pub publish_compression: Compression,
     /// First wait after a failed publish; doubles up to `publish_backoff_max`.
     pub publish_backoff_initial: Duration,
     /// Longest wait between publish attempts.
@@ -146,6 +157,9 @@ impl ListenerConfig {
             retry_fetch_max_bytes: 64 << 10,
             fetch_max_wait: Duration::from_millis(500),
             offset_reset: OffsetReset::Earliest,
+            isolation_level: IsolationLevel::ReadCommitted,
+            max_batch_inflated: None,
+            publish_compression: Compression::AsSource,
             publish_backoff_initial: Duration::from_millis(100),
             publish_backoff_max: Duration::from_secs(10),
             publish_max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
@@ -165,6 +179,11 @@ impl ListenerConfig {
     /// The consumer group of each consumed topic, and the operators' groups.
     pub fn groups(&self) -> &LadderGroups {
         &self.groups
+    }
+
+    /// The most bytes one fetched batch may decompress to.
+    pub(crate) fn max_batch_inflated_bytes(&self) -> usize {
+        self.max_batch_inflated.unwrap_or_else(|| (32 * self.fetch_max_bytes.max(0) as usize).max(16 << 20))
     }
 
     /// The timing settings, to check and use together.
@@ -194,6 +213,8 @@ impl ListenerConfig {
             Some("publish_backoff_initial must be positive and at most publish_backoff_max".to_owned())
         } else if self.publish_max_request_bytes < 1024 {
             Some("publish_max_request_bytes must be at least 1024".to_owned())
+        } else if self.max_batch_inflated_bytes() < self.fetch_max_bytes.max(self.retry_fetch_max_bytes) as usize {
+            Some("max_batch_inflated must be at least fetch_max_bytes and retry_fetch_max_bytes".to_owned())
         } else {
             self.group_instance_id.as_deref().and_then(instance_id_problem)
         };
@@ -297,7 +318,12 @@ impl Listener {
         let stats = Arc::new(ListenerStats::default());
         let metrics = Metrics::new(stats.clone());
         let shared = Arc::new(Shared {
-            publisher: Publisher::new(cluster.clone(), config.publish_max_request_bytes, stats.publish_splits.clone()),
+            publisher: Publisher::new(
+                cluster.clone(),
+                &config.connection,
+                config.publish_max_request_bytes,
+                stats.publish_splits.clone(),
+            ),
             cluster,
             handler,
             members_joined: Default::default(),

@@ -8,6 +8,7 @@
 
 pub(crate) mod brake;
 pub(crate) mod commit;
+pub(crate) mod fetched;
 pub(crate) mod listener;
 pub(crate) mod member;
 pub(crate) mod position;

@@ -38,17 +38,20 @@ impl Doubt {
 /// What a fetch came back with, as far as deciding the next step goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FetchOutcome {
-    /// Records (perhaps none) and the partition's high watermark.
-    Records {
-        /// How many.
-        count: usize,
-        /// The high watermark the broker reported.
-        high_watermark: i64,
+    /// An answer.
+    Read {
+        /// How many records (and undecodable batches) it holds for the handler.
+        items: usize,
+        /// The offset after the last whole batch read, if any came.
+        next_offset: Option<i64>,
+        /// How far the consumer can read (the last stable offset under
+        /// `read_committed`, else the high watermark).
+        end: i64,
+        /// Bytes came, but not one whole batch.
+        cut: bool,
     },
     /// OFFSET_OUT_OF_RANGE.
     OutOfRange,
-    /// An answer rskafka could not decode.
-    Undecodable,
     /// No answer within the deadline.
     NoAnswer,
     /// Any other failure (a broker error, a broken connection).
@@ -58,14 +61,16 @@ pub(crate) enum FetchOutcome {
 /// What a worker does after a fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AfterFetch {
-    /// Handle the records.
+    /// Handle the records, and move the position to where the fetch ended
+    /// (past control batches, aborted records and compacted gaps too).
     Process,
     /// Caught up: wait for more.
     Wait,
     /// Check the position against the log's range before going on.
     CheckPosition(Doubt),
-    /// Read the same offsets through the fallback decoder.
-    Fallback,
+    /// The batch at the position is larger than a fetch may bring: fetch
+    /// again with more room.
+    Grow,
     /// Replace the partition's connection, then fetch again.
     Reconnect,
     /// Refresh metadata, back off, fetch again.
@@ -76,13 +81,19 @@ impl AfterFetch {
     /// The step after a fetch at `position` came back with `outcome`.
     pub(crate) fn of(position: i64, outcome: FetchOutcome) -> AfterFetch {
         match outcome {
-            FetchOutcome::Records { count, high_watermark } => match Doubt::of_fetch(position, count, high_watermark) {
-                Some(doubt) => AfterFetch::CheckPosition(doubt),
-                None if count == 0 => AfterFetch::Wait,
-                None => AfterFetch::Process,
-            },
+            FetchOutcome::Read { items, next_offset, end, cut } => {
+                if items > 0 || next_offset.is_some_and(|next| next > position) {
+                    AfterFetch::Process
+                } else if cut {
+                    AfterFetch::Grow
+                } else {
+                    match Doubt::of_fetch(position, 0, end) {
+                        Some(doubt) => AfterFetch::CheckPosition(doubt),
+                        None => AfterFetch::Wait,
+                    }
+                }
+            }
             FetchOutcome::OutOfRange => AfterFetch::CheckPosition(Doubt::OutOfRange),
-            FetchOutcome::Undecodable => AfterFetch::Fallback,
             FetchOutcome::NoAnswer => AfterFetch::Reconnect,
             FetchOutcome::Failed => AfterFetch::Retry,
         }
@@ -190,17 +201,22 @@ mod tests {
 
     #[test]
     fn after_a_fetch() {
-        let records = |count, high_watermark| FetchOutcome::Records { count, high_watermark };
+        let read = |items, next_offset, end| FetchOutcome::Read { items, next_offset, end, cut: false };
         let check = |position, outcome, expected| {
             assert_eq!(AfterFetch::of(position, outcome), expected, "{outcome:?} at {position}");
         };
-        check(5, records(3, 8), AfterFetch::Process);
-        check(5, records(0, 5), AfterFetch::Wait);
-        check(5, records(0, 9), AfterFetch::Wait); // the records may be behind a filter (aborted, control)
-        check(5, records(0, 4), AfterFetch::CheckPosition(Doubt::EmptyAboveHighWatermark { high_watermark: 4 }));
-        check(5, records(2, 4), AfterFetch::Process); // records came: nothing to doubt
+        check(5, read(3, Some(8), 8), AfterFetch::Process);
+        check(5, read(0, None, 5), AfterFetch::Wait);
+        // Only a transaction marker, aborted records or a compacted gap:
+        // nothing to handle, but the position moves past them.
+        check(5, read(0, Some(6), 6), AfterFetch::Process);
+        // A fetch that began inside a batch ending before the position.
+        check(5, read(0, Some(5), 9), AfterFetch::Wait);
+        check(5, read(0, None, 4), AfterFetch::CheckPosition(Doubt::EmptyAboveHighWatermark { high_watermark: 4 }));
+        check(5, read(2, Some(7), 4), AfterFetch::Process); // records came: nothing to doubt
+        // Bytes, but no whole batch: a batch larger than the fetch may bring.
+        check(5, FetchOutcome::Read { items: 0, next_offset: None, end: 9, cut: true }, AfterFetch::Grow);
         check(5, FetchOutcome::OutOfRange, AfterFetch::CheckPosition(Doubt::OutOfRange));
-        check(5, FetchOutcome::Undecodable, AfterFetch::Fallback);
         check(5, FetchOutcome::NoAnswer, AfterFetch::Reconnect);
         check(5, FetchOutcome::Failed, AfterFetch::Retry);
     }

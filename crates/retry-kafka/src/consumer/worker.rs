@@ -9,10 +9,7 @@ use futures_util::{
 };
 
 use retry_core::{Decision, HandlerError, InFlightWindow, RecordMeta, Stage, Timestamp};
-use rskafka::client::{
-    error::{Error as ClientError, ProtocolError},
-    partition::{OffsetAt, PartitionClient, UnknownTopicHandling},
-};
+use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -25,8 +22,9 @@ use crate::{
     consumer::position::{self, AfterFetch, Doubt, FetchOutcome, Verdict},
     consumer::session::ABORT_WAIT,
     metrics::{Outcome, TopicMetrics},
-    protocol::fallback::{is_undecodable, Decoded, FallbackReader, Fetched},
-    publisher::{Outgoing, PublishFailure},
+    consumer::fetched::Fetched,
+    protocol::fetch::{FetchError, PartitionReader, Readable},
+    publisher::{republished_headers, Outgoing, PublishFailure},
     ConsumedRecord, Error, RecordHandler, TopicPartition,
 };
 
@@ -50,10 +48,6 @@ pub(crate) struct Worker<H> {
     pub(crate) signals: StopSignals,
     pub(crate) metrics: TopicMetrics,
 }
-
-/// How long a partition reads through the fallback reader after rskafka
-/// failed one of its batches, before it tries rskafka again.
-const FALLBACK_STICKS: Duration = Duration::from_secs(60);
 
 /// Republications decided but not yet acknowledged.
 #[derive(Default)]
@@ -236,65 +230,37 @@ impl<H: RecordHandler> Worker<H> {
         tracing::info!(%topic, partition, offset, "partition assigned; consuming");
         in_flight.restart_at(offset);
         let mut backoff = pauses(Duration::from_millis(100), Duration::from_secs(5));
-        let mut warned_fallback = false;
-        // Set while a batch that no decoder reads holds the partition.
-        let mut undecodable: Option<Stall> = None;
-        let mut fallback = FallbackReader::new(&self.shared.config.connection, &topic, partition);
-        // After rskafka failed a batch, the partition's next fetches go
-        // straight to the fallback reader for a while: producers that
-        // compress with lz4 or zstd do so for every batch, and each would
-        // otherwise cost a failed rskafka fetch first.
-        let mut fallback_until: Option<tokio::time::Instant> = None;
+        let config = &self.shared.config;
+        let max_inflated = config.max_batch_inflated_bytes();
+        let mut reader = PartitionReader::new(&config.connection, &topic, partition, config.isolation_level, max_inflated);
+        let mut max_bytes = self.max_fetch_bytes();
+        // Set while a batch larger than any fetch may bring holds the partition.
+        let mut oversized: Option<Stall> = None;
         // Brokers that answer an empty fetch at once, ignoring its max wait,
         // must not make an idle partition spin: wait longer after each.
-        let fetch_max_wait = self.shared.config.fetch_max_wait.max(Duration::from_millis(10));
+        let fetch_max_wait = config.fetch_max_wait.max(Duration::from_millis(10));
         let mut idle = pauses(Duration::from_millis(10), fetch_max_wait);
         loop {
-            if fallback_until.is_some_and(|until| tokio::time::Instant::now() < until) {
-                let max_bytes = self.max_fetch_bytes();
-                let fetch = fallback.fetch(offset, max_bytes, self.shared.config.fetch_max_wait);
-                let Some(result) = self.unless_stopped(fetch).await else { return };
-                match result {
-                    Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
-                        if !self.take_decoded(in_flight, decoded, &mut offset, &client).await {
-                            return;
-                        }
-                    }
-                    // Caught up, or anything unusual: rskafka's path, which
-                    // knows how to wait, to doubt a position and to recover.
-                    Ok(_) => fallback_until = None,
-                    Err(e) => {
-                        tracing::debug!(%topic, partition, offset, error = %e, "the fallback reader failed; back to rskafka");
-                        fallback_until = None;
-                    }
-                }
-                continue;
-            }
-            let max_wait = i32::try_from(self.shared.config.fetch_max_wait.as_millis()).unwrap_or(i32::MAX);
-            let fetch = client.fetch_records(offset, 1..self.max_fetch_bytes(), max_wait);
-            // The broker may hold a fetch for its max wait, then answers.
-            let fetch_deadline = self.shared.cluster.request_timeout() + self.shared.config.fetch_max_wait;
             let fetched_at = tokio::time::Instant::now();
             // Records in handling finish while the fetch waits.
-            let fetch = self.unless_stopped(tokio::time::timeout(fetch_deadline, fetch));
+            let fetch = self.unless_stopped(reader.fetch(offset, max_bytes, config.fetch_max_wait));
             let Some(Some(result)) = self.drive(in_flight, fetch).await else { return };
             let outcome = match &result {
-                Err(_) => FetchOutcome::NoAnswer,
-                Ok(Ok((records, high_watermark))) => {
-                    FetchOutcome::Records { count: records.len(), high_watermark: *high_watermark }
-                }
-                Ok(Err(ClientError::ServerError { protocol_error: ProtocolError::OffsetOutOfRange, .. })) => {
-                    FetchOutcome::OutOfRange
-                }
-                Ok(Err(e)) if is_undecodable(e) => FetchOutcome::Undecodable,
-                Ok(Err(_)) => FetchOutcome::Failed,
+                Ok(f) => FetchOutcome::Read {
+                    items: f.readable.items.len(),
+                    next_offset: f.readable.next_offset,
+                    end: f.end,
+                    cut: f.cut,
+                },
+                Err(FetchError::OutOfRange) => FetchOutcome::OutOfRange,
+                Err(FetchError::NoAnswer(_)) => FetchOutcome::NoAnswer,
+                Err(FetchError::Failed(_)) => FetchOutcome::Failed,
             };
             match (AfterFetch::of(offset, outcome), result) {
                 (AfterFetch::Reconnect, _) => {
+                    // The reader dropped the connection; the next fetch makes a new one.
                     self.shared.metrics.count(|s| &s.fetch_failures);
-                    tracing::warn!(%topic, partition, offset, timeout = ?fetch_deadline, "a fetch got no answer; replacing the partition's connection");
-                    let Some(new) = self.connect().await else { return };
-                    client = new;
+                    tracing::warn!(%topic, partition, offset, "a fetch got no answer; replacing the partition's connection");
                 }
                 (AfterFetch::CheckPosition(doubt), _) => {
                     // Some brokers answer a position past the end with an
@@ -320,98 +286,61 @@ impl<H: RecordHandler> Worker<H> {
                 }
                 (AfterFetch::Wait, _) => {
                     backoff.reset();
-                    undecodable = None;
-                    if fetched_at.elapsed() < self.shared.config.fetch_max_wait / 2
+                    if fetched_at.elapsed() < config.fetch_max_wait / 2
                         && self.drive(in_flight, self.pause(idle.next())).await != Some(false)
                     {
                         return;
                     }
                 }
-                (AfterFetch::Process, Ok(Ok((records, high_watermark)))) => {
+                (AfterFetch::Grow, _) => {
+                    let limit = i32::try_from(max_inflated).unwrap_or(i32::MAX);
+                    if max_bytes < limit {
+                        max_bytes = max_bytes.saturating_mul(2).min(limit);
+                        tracing::info!(%topic, partition, offset, max_bytes, "the batch at the position is larger than a fetch brought; fetching with more room");
+                        continue;
+                    }
+                    self.shared.metrics.count(|s| &s.fetch_failures);
+                    if oversized.is_none() {
+                        tracing::error!(%topic, partition, offset, max_bytes, "the partition is stalled: the broker answers this offset with part of a batch larger than the decompression cap (raise max_batch_inflated_bytes, or skip the offset: see the operators' guide)");
+                        oversized = Some(Stall::new(&self.shared, &self.tp));
+                    }
+                    if self.pause(backoff.next()).await {
+                        return;
+                    }
+                }
+                (AfterFetch::Process, Ok(fetched)) => {
                     backoff.reset();
-                    undecodable = None;
                     idle.reset();
-                    let records = records.into_iter().map(Fetched::from).collect();
+                    oversized = None;
+                    max_bytes = self.max_fetch_bytes();
+                    let Readable { items, next_offset, aborted } = fetched.readable;
+                    if aborted > 0 {
+                        self.shared.metrics.add(|s| &s.aborted_records_skipped, aborted as u64);
+                    }
+                    let records = items.into_iter().map(|item| Fetched::of(item, &topic, partition)).collect();
                     if !self.admit(in_flight, records, &mut offset, &client).await {
                         return;
                     }
-                    self.shared.metrics.lag(&topic, partition, high_watermark - offset);
-                }
-                (AfterFetch::Fallback, Ok(Err(e))) => {
-                    self.shared.metrics.count(|s| &s.undecodable_fetches);
-                    // rskafka cannot decode this batch (e.g. a null header
-                    // value): read it ourselves rather than stall forever.
-                    let max_bytes = self.max_fetch_bytes();
-                    let fetch = fallback.fetch(offset, max_bytes, Duration::ZERO);
-                    let Some(decoded) = self.unless_stopped(fetch).await else { return };
-                    match decoded {
-                        Ok(decoded) if decoded.next_offset.is_some_and(|next| next > offset) => {
-                            undecodable = None;
-                            fallback_until = Some(tokio::time::Instant::now() + FALLBACK_STICKS);
-                            // Said once per partition; the counter keeps the tally.
-                            if !warned_fallback {
-                                warned_fallback = true;
-                                tracing::warn!(%topic, partition, offset, rskafka_error = %e, records = decoded.records.len(), "decoded a batch rskafka could not (null header values, lz4 or zstd, a transaction marker); later ones are counted in fallback_fetches");
-                            } else {
-                                tracing::debug!(%topic, partition, offset, records = decoded.records.len(), "decoded a batch rskafka could not");
-                            }
-                            if !self.take_decoded(in_flight, decoded, &mut offset, &client).await {
-                                return;
-                            }
-                        }
-                        other => {
-                            self.shared.metrics.count(|s| &s.fetch_failures);
-                            let fallback_error =
-                                other.err().map(|e| e.to_string()).unwrap_or_else(|| "no records".into());
-                            if undecodable.is_none() {
-                                tracing::error!(%topic, partition, offset, error = %e, %fallback_error, "the partition is stalled: a batch neither decoder can read; retrying (nothing is skipped: fix or delete the batch)");
-                                undecodable = Some(Stall::new(&self.shared, &self.tp));
-                            } else {
-                                tracing::debug!(%topic, partition, offset, %fallback_error, "the batch is still undecodable");
-                            }
-                            if self.pause(backoff.next()).await {
-                                return;
-                            }
+                    // Past what carried nothing to handle (markers, aborted
+                    // records, compacted offsets) after the last record.
+                    if let Some(next) = next_offset.filter(|next| *next > offset) {
+                        offset = next;
+                        if let Some(position) = in_flight.window.skip_to(next) {
+                            self.tracker.done(&self.tp, position);
                         }
                     }
+                    self.shared.metrics.lag(&topic, partition, (fetched.end - offset).max(0));
                 }
                 (_, other) => {
                     self.shared.metrics.count(|s| &s.fetch_failures);
-                    let error = other.ok().and_then(Result::err).map(|e| e.to_string()).unwrap_or_default();
+                    let error = other.err().map(|e| e.to_string()).unwrap_or_default();
                     tracing::warn!(%topic, partition, offset, %error, "fetch failed; retrying");
-                    if self.unless_stopped(self.shared.cluster.refresh_metadata()).await.is_none() {
-                        return;
-                    }
                     if self.pause(backoff.next()).await {
                         return;
                     }
                 }
             }
         }
-    }
-
-    /// Hands what the fallback decoder read to the window, and moves past
-    /// the control batches (transaction markers) after its records. False
-    /// when the worker must stop.
-    async fn take_decoded<'a>(
-        &'a self,
-        in_flight: &mut InFlight<'a>,
-        decoded: Decoded,
-        offset: &mut i64,
-        client: &PartitionClient,
-    ) -> bool {
-        self.shared.metrics.count(|s| &s.fallback_fetches);
-        let next = decoded.next_offset.unwrap_or(*offset);
-        if !decoded.records.is_empty() && !self.admit(in_flight, decoded.records, offset, client).await {
-            return false;
-        }
-        if next > *offset {
-            *offset = next;
-            if let Some(position) = in_flight.window.skip_to(next) {
-                self.tracker.done(&self.tp, position);
-            }
-        }
-        true
     }
 
     /// Admits a fetched batch to the partition's in-flight window and
@@ -435,8 +364,15 @@ impl<H: RecordHandler> Worker<H> {
                 return false;
             }
             in_flight.window.admit(record.offset, record.key.as_deref()).expect("fetched offsets increase");
-            *offset = record.offset + 1;
-            in_flight.admitted.insert(record.offset, record);
+            let (at, next) = (record.offset, record.next_offset);
+            *offset = next;
+            in_flight.admitted.insert(at, record);
+            if next > at + 1 {
+                // An undecodable batch stands for all its offsets.
+                if let Some(position) = in_flight.window.skip_to(next) {
+                    self.tracker.done(&self.tp, position);
+                }
+            }
             self.start_ready(in_flight);
         }
         self.make_room(in_flight, *offset, client).await
@@ -691,12 +627,27 @@ impl<H: RecordHandler> Worker<H> {
         let TopicPartition { topic, partition } = &self.tp;
         let shared = &self.shared;
         let policy = &shared.config.policy();
-        let Fetched { offset, key, value, headers, timestamp, null_headers } = record;
-        if !null_headers.is_empty() {
-            shared.metrics.count(|s| &s.null_headers_dropped);
-            tracing::warn!(?null_headers, "dropping header values that are null: records here carry none");
+        let Fetched { offset, key, value, headers, raw_headers, timestamp, codec, null_headers, poison, .. } = record;
+        if null_headers > 0 {
+            shared.metrics.count(|s| &s.null_header_records);
+            tracing::debug!(null_headers, "headers whose value is null are not shown to the handler (republications keep them)");
         }
         let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers: &headers };
+        let codec = shared.config.publish_compression.codec_for(codec);
+        let now = Timestamp::from(std::time::SystemTime::now());
+        if let Some(problem) = poison {
+            // Nothing to hand to the handler: to the dead-letter topic as it is.
+            shared.metrics.count(|s| &s.undecodable_records);
+            tracing::error!(%problem, "dead-lettering what cannot be handled, as it is");
+            let Decision::DeadLetter { topic: target, headers: decided, .. } =
+                policy.undecodable(self.stage, &meta, &problem, now)
+            else {
+                unreachable!("an undecodable record is always dead-lettered")
+            };
+            let headers = republished_headers(&raw_headers, &decided);
+            let record = Outgoing { topic: target.to_string(), source_partition: *partition, key, value, headers, timestamp: now, codec };
+            return Processed::Republish { record, dead_letter: true };
+        }
 
         // Retry rungs wait until the record is due; stopping ends the wait
         // and leaves the record to the partition's next owner.
@@ -757,8 +708,9 @@ impl<H: RecordHandler> Worker<H> {
                 (target, headers, true)
             }
         };
+        let headers = republished_headers(&raw_headers, &headers);
         let record =
-            Outgoing { topic: target.to_string(), source_partition: *partition, key, value, headers, timestamp: now };
+            Outgoing { topic: target.to_string(), source_partition: *partition, key, value, headers, timestamp: now, codec };
         Processed::Republish { record, dead_letter }
     }
 

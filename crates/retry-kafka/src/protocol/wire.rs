@@ -68,6 +68,11 @@ pub(crate) fn highest_implemented(key: ApiKey) -> i16 {
         // their responses that decoders reject; v11 has everything we read.
         ApiKey::Fetch => 11,
         ApiKey::DescribeConfigs => 4,
+        // The last non-flexible version: record errors and messages, all we read.
+        ApiKey::Produce => 8,
+        // v3 is the first whose request names no producer (-1) for an
+        // idempotent producer; tansu serves idempotence only from there.
+        ApiKey::InitProducerId => 4,
         ApiKey::SaslHandshake => 1,
         ApiKey::SaslAuthenticate => 2,
         _ => 0,
@@ -96,6 +101,8 @@ fn api_key_name(key: ApiKey) -> &'static str {
         ApiKey::Metadata => "Metadata",
         ApiKey::DescribeConfigs => "DescribeConfigs",
         ApiKey::Fetch => "Fetch",
+        ApiKey::Produce => "Produce",
+        ApiKey::InitProducerId => "InitProducerId",
         ApiKey::SaslHandshake => "SaslHandshake",
         ApiKey::SaslAuthenticate => "SaslAuthenticate",
         _ => "a Kafka request",

@@ -1,0 +1,210 @@
+//! Records as real producers write them: headers in order with repeated
+//! names and null values, transactions (markers, aborts), batches larger
+//! than a fetch, header names that are not UTF-8, and republications that a
+//! lost produce answer must not write twice.
+
+use std::time::Duration;
+
+use integration::{broker_addr, kafka_client, raw, unique_topic, KafkaCluster};
+use serde_json::{json, Value};
+
+use crate::support::{
+    committed, eventually, fence, read_partition, start_joined, start_joined_with, Ladder, Scripted, Step, SETTLE,
+};
+
+/// Runs the foreign producer (librdkafka) for one record on partition 0.
+async fn foreign_produce(topic: &str, key: &str, value: &str, extra: &[&str]) {
+    let brokers = broker_addr();
+    let args = ["produce", "--brokers", &brokers, "--topic", topic, "--partition", "0", "--key", key, "--value", value];
+    kafka_client(&[&args[..], extra].concat()).await;
+}
+
+/// Reads `n` records of `topic` with the foreign consumer, in a group of its own.
+async fn foreign_consume(topic: &str, n: usize) -> Vec<Value> {
+    let brokers = broker_addr();
+    let group = unique_topic("foreign-reader");
+    let n = n.to_string();
+    let args = ["consume", "--brokers", &brokers, "--group", &group, "--topic", topic, "--max-records", &n, "--idle-timeout-s", "20"];
+    let output = kafka_client(&args).await;
+    output
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSON lines"))
+        .filter(|e| e["event"] == "record")
+        .collect()
+}
+
+/// The end of the source's partition 0: where a consumer that read
+/// everything, transaction markers included, stands.
+async fn log_end(topic: &str) -> i64 {
+    use rskafka::client::partition::{OffsetAt, UnknownTopicHandling};
+    let client = integration::rskafka_client().await;
+    let pc = integration::within("partition client", client.partition_client(topic, 0, UnknownTopicHandling::Retry))
+        .await
+        .unwrap();
+    integration::within("log end", pc.get_offset(OffsetAt::Latest)).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_record_keeps_its_headers_in_order_through_the_ladder() {
+    let ladder = Ladder::create("headers", "100ms", 1).await;
+    let handler = Scripted::new(&[("odd", &[Step::Transient])]);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    // A repeated name and a null value, compressed: all legal Kafka.
+    let written = json!([["trace", "abc"], ["dup", "1"], ["empty", null], ["dup", "2"]]);
+    let headers = written.to_string();
+    foreign_produce(ladder.source(), "odd", "v1", &["--headers-json", &headers, "--compression", "lz4"]).await;
+    eventually("the retry", SETTLE, || async { (handler.attempts("odd") == [1, 2]).then_some(()) }).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+
+    // The handler sees the headers with a value, in order, the repeated name twice.
+    let seen: Vec<(String, String)> = handler.calls()[0]
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+        .collect();
+    let pairs = |p: &[(&str, &str)]| p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
+    assert_eq!(seen, pairs(&[("trace", "abc"), ("dup", "1"), ("dup", "2")]));
+    assert_eq!(stats.null_header_records, 2, "both attempts saw the null header: {stats:?}");
+
+    // The rung's copy, read by librdkafka: the producer's headers as
+    // written (null value, repetition and order), then ours.
+    let [copy] = &foreign_consume(ladder.retry(0), 1).await[..] else { panic!("one record on the rung") };
+    let list = copy["header_list"].as_array().expect("a header list");
+    assert_eq!(Value::Array(list[..4].to_vec()), written, "{copy}");
+    for header in &list[4..] {
+        assert!(header[0].as_str().unwrap().starts_with("x-"), "after the producer's, only ours: {copy}");
+    }
+    assert_eq!((copy["key"].as_str(), copy["value"].as_str()), (Some("odd"), Some("v1")));
+}
+
+#[tokio::test]
+async fn transaction_markers_and_batches_larger_than_a_fetch_never_hold_a_partition() {
+    let ladder = Ladder::create("markers", "100ms", 1).await;
+    let handler = Scripted::new(&[]);
+    let mut config = ladder.config();
+    config.fetch_max_bytes = 4096;
+    let listener = start_joined_with(config, handler.clone()).await;
+    foreign_produce(ladder.source(), "committed", "{}", &["--commit-transaction", &unique_topic("txn")]).await;
+    // After the marker, a batch ten times what one fetch may bring.
+    foreign_produce(ladder.source(), "big", &"x".repeat(40_000), &[]).await;
+    // And a transaction last: nothing after its marker.
+    foreign_produce(ladder.source(), "last", "{}", &["--commit-transaction", &unique_topic("txn")]).await;
+    eventually("every record", SETTLE, || async { (handler.calls().len() == 3).then_some(()) }).await;
+    // The position moves past the last marker: the group commits the log's
+    // end, so an idle transactional partition shows no lag.
+    let end = log_end(ladder.source()).await;
+    eventually("the commit past the last marker", SETTLE, || async {
+        (committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0] == Some(end)).then_some(())
+    })
+    .await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    let keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
+    assert_eq!(keys, ["committed", "big", "last"]);
+    assert_eq!((stats.fetch_failures, stats.undecodable_records), (0, 0), "{stats:?}");
+}
+
+/// Under read_committed (the default), the records of an aborted
+/// transaction never reach the handler. Apache Kafka only: it is the
+/// broker that lists aborted transactions in a fetch's answer, and tansu
+/// 0.6.0 and librdkafka's mock cluster list none (see
+/// `mock_only_records_of_an_aborted_transaction_reach_the_handler_as_documented`).
+#[tokio::test]
+async fn kafka_only_records_of_aborted_transactions_never_reach_the_handler() {
+    let ladder = Ladder::create("aborted", "100ms", 1).await;
+    let handler = Scripted::new(&[]);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    foreign_produce(ladder.source(), "aborted", "{}", &["--abort-transaction", &unique_topic("txn")]).await;
+    foreign_produce(ladder.source(), "committed", "{}", &["--commit-transaction", &unique_topic("txn")]).await;
+    foreign_produce(ladder.source(), "plain", "{}", &[]).await;
+    fence(&ladder, 0, 1).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    let mut keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
+    keys.sort();
+    assert_eq!(keys, ["committed", "fence", "plain"]);
+    assert_eq!(stats.aborted_records_skipped, 1, "{stats:?}");
+}
+
+/// A header name that is not UTF-8 (Kafka keeps names as bytes) cannot
+/// reach a handler, whose headers are text: the record goes to the
+/// dead-letter topic as it is, with why, and the partition goes on.
+#[tokio::test]
+async fn a_record_whose_header_name_is_not_utf8_is_dead_lettered_as_it_is() {
+    let ladder = Ladder::create("raw-name", "100ms", 1).await;
+    let handler = Scripted::new(&[]);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    let headers = vec![(b"trace".to_vec(), Some(b"abc".to_vec())), (b"\xff\xfename".to_vec(), Some(b"v".to_vec()))];
+    let record = raw::RawRecord { key: Some(b"odd".to_vec()), value: Some(b"payload".to_vec()), headers: headers.clone() };
+    let offset = raw::produce(ladder.source(), 0, &[record]).await;
+    fence(&ladder, 0, 1).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    let keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
+    assert_eq!(keys, ["fence"], "the odd record never reached the handler");
+    assert_eq!(stats.undecodable_records, 1, "{stats:?}");
+
+    let connection = integration::connection("kafka-retry-it-read");
+    let dead = retry_kafka::read_partition(&connection, ladder.dlq(), 0, 0).await.unwrap();
+    let [dead] = &dead[..] else { panic!("one dead letter, got {dead:?}") };
+    assert_eq!((dead.key.as_deref(), dead.value.as_deref()), (Some(&b"odd"[..]), Some(&b"payload"[..])));
+    let written: Vec<(&[u8], Option<&[u8]>)> = headers.iter().map(|(n, v)| (&n[..], v.as_deref())).collect();
+    let kept: Vec<(&[u8], Option<&[u8]>)> = dead.headers[..2].iter().map(|(n, v)| (&n[..], v.as_deref())).collect();
+    assert_eq!(kept, written, "the record's headers, as written");
+    let text = |name: &str| String::from_utf8_lossy(dead.header(name).flatten().unwrap_or(b"<absent>")).into_owned();
+    assert_eq!(text("x-dead-letter-reason"), "undecodable");
+    assert_eq!(text("x-original-offset"), offset.to_string());
+    let error = text("x-error");
+    assert!(error.contains("header 1 is not UTF-8") && error.contains("fffe6e616d65"), "{error}");
+}
+
+/// A produce request whose answer does not come in time is sent again; the
+/// broker must not write its records twice. A follower of the rung is
+/// frozen, so the leader cannot acknowledge (acks=all) and every try times
+/// out, while the first one is already in the leader's log; once the
+/// follower runs again, the next try is acknowledged. The rung then holds
+/// each record once: the broker recognised the tries by their producer id
+/// and sequence numbers.
+#[tokio::test]
+async fn kafka_only_a_republication_tried_again_after_a_lost_answer_is_written_once() {
+    let cluster = KafkaCluster::get();
+    let ladder = Ladder::create("idempotent", "100ms", 1).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let script: Vec<(&str, &[Step])> = keys.iter().map(|k| (k.as_str(), &[Step::Transient][..])).collect();
+    let handler = Scripted::new(&script);
+    let mut config = ladder.config();
+    config.connection = config.connection.with_request_timeout(Duration::from_secs(2)).unwrap();
+    config.publish_backoff_initial = Duration::from_millis(200);
+    config.publish_backoff_max = Duration::from_millis(500);
+    let listener = start_joined_with(config, handler.clone()).await;
+
+    let partitions = cluster.partitions(&[ladder.source(), ladder.retry(0)]).await;
+    let (source, rung) = (&partitions[ladder.source()][0], &partitions[ladder.retry(0)][0]);
+    // A follower of the rung that does not lead the source, whose records
+    // must keep coming.
+    let follower = *rung.isr.iter().find(|id| **id != rung.leader && **id != source.leader).expect("a follower");
+    cluster.broker(follower).pause();
+    let records: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "{}".to_owned())).collect();
+    crate::support::produce_batch(ladder.source(), 0, &records).await;
+    // Several tries time out meanwhile.
+    eventually("the first attempts", SETTLE, || async {
+        keys.iter().all(|k| handler.attempts(k).first() == Some(&1)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let failures = listener.stats().snapshot().publish_failures;
+    cluster.broker(follower).resume();
+    eventually("every retry", SETTLE, || async {
+        keys.iter().all(|k| handler.attempts(k) == [1, 2]).then_some(())
+    })
+    .await;
+    listener.shutdown().await;
+    assert!(failures >= 2, "the produce answers did not time out: {failures} failed tries");
+    let on_rung: Vec<String> = read_partition(ladder.retry(0), 0)
+        .await
+        .into_iter()
+        .map(|r| String::from_utf8_lossy(r.record.key.as_deref().unwrap_or_default()).into_owned())
+        .collect();
+    assert_eq!(on_rung, keys, "each record once on the rung, in order, after {failures} failed tries");
+}
