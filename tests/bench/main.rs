@@ -16,6 +16,11 @@
 //!   sequential consumer). Its rate is timed from the first handled record
 //!   (the group joins before it are reported apart, as `join_ms`).
 //!
+//! - `create <topic> <partitions> 0`: the ladder's topics, for a foreign
+//!   producer to fill;
+//! - `fetch <topic> <partitions> <records>`: rskafka's fetch of what is
+//!   there, timed.
+//!
 //! Each prints one line of `key=value` figures for xtask to tabulate.
 
 use std::{
@@ -70,6 +75,17 @@ async fn main() {
                 .await
         }
         "probe" => probe(&topic, partitions, records as i32).await,
+        // The ladder's topics, for a foreign producer to fill.
+        "create" => {
+            TopicPlan::new(topology(&topic), partitions).create(&connection(), true).await.expect("create topics");
+            "created=1".to_owned()
+        }
+        // Only rskafka's fetch of what is there: the raw ceiling.
+        "fetch" => {
+            let per_partition = records / partitions as usize;
+            let fetch = fetch_all(&topic, partitions, per_partition).await;
+            format!("fetch_per_s={:.0}", rate(per_partition * partitions as usize, fetch))
+        }
         other => panic!("unknown scenario {other}"),
     };
     println!("{line} peak_rss_kib={}", peak_rss_kib());
@@ -121,7 +137,14 @@ async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize) 
         t.await.unwrap();
     }
     let produce = started.elapsed();
+    let fetch = fetch_all(topic, partitions, per_partition).await;
+    let total = per_partition * partitions as usize;
+    format!("produce_per_s={:.0} fetch_per_s={:.0}", rate(total, produce), rate(total, fetch))
+}
 
+/// How long rskafka takes to fetch `per_partition` records of each partition.
+async fn fetch_all(topic: &str, partitions: i32, per_partition: usize) -> Duration {
+    let client = rskafka_client().await;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for p in 0..partitions {
@@ -142,9 +165,7 @@ async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize) 
     for t in tasks {
         t.await.unwrap();
     }
-    let fetch = started.elapsed();
-    let total = per_partition * partitions as usize;
-    format!("produce_per_s={:.0} fetch_per_s={:.0}", rate(total, produce), rate(total, fetch))
+    started.elapsed()
 }
 
 /// How long the benchmark's handler takes per record.

@@ -549,9 +549,7 @@ impl Ladder {
                 for r in records.into_iter().filter(|r| r.offset >= before) {
                     *next = r.offset + 1;
                     let header = |name: &str| {
-                        r.header(name)
-                            .flatten()
-                            .map_or("<absent>".into(), |v| String::from_utf8_lossy(v).into_owned())
+                        r.header(name).flatten().map_or("<absent>".into(), |v| String::from_utf8_lossy(v).into_owned())
                     };
                     self.dead_letters.push(DeadLetter {
                         partition: partition as i32,

@@ -101,6 +101,21 @@ def parse_args():
     )
     produce.set_defaults(command=cmd_produce)
 
+    fill = commands.add_parser("fill", help="produce records evenly over partitions, as fast as librdkafka batches them")
+    fill.add_argument("--brokers", required=True)
+    fill.add_argument("--topic", required=True)
+    fill.add_argument("--partitions", type=int, required=True)
+    fill.add_argument("--records", type=int, required=True)
+    fill.add_argument("--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
+    fill.set_defaults(command=cmd_fill)
+
+    drain = commands.add_parser("drain", help="read every partition from the start until RECORDS records came; print the rate")
+    drain.add_argument("--brokers", required=True)
+    drain.add_argument("--topic", required=True)
+    drain.add_argument("--partitions", type=int, required=True)
+    drain.add_argument("--records", type=int, required=True)
+    drain.set_defaults(command=cmd_drain)
+
     return parser.parse_args()
 
 
@@ -273,6 +288,73 @@ def cmd_produce(args):
     if args.commit_transaction:
         producer.commit_transaction(REQUEST_TIMEOUT_S)
     emit({"partition": message.partition(), "offset": message.offset()})
+
+
+def bench_value(n):
+    """A record like an order event: some fields that repeat, some that do not."""
+    return json.dumps(
+        {"order_id": f"order-{n}", "customer": f"c-{n % 997}", "amount": "42.50", "currency": "EUR", "nonce": os.urandom(48).hex()}
+    ).encode()
+
+
+def cmd_fill(args):
+    producer = Producer(
+        {
+            **common_config(args.brokers),
+            "acks": "all",
+            "compression.type": args.compression,
+            "linger.ms": 20,
+            "batch.size": 1 << 20,
+            "message.timeout.ms": 120_000,
+        }
+    )
+    failed = []
+
+    def on_delivery(error, _message):
+        if error is not None:
+            failed.append(error)
+
+    per_partition = args.records // args.partitions
+    for p in range(args.partitions):
+        for i in range(per_partition):
+            while True:
+                try:
+                    producer.produce(args.topic, key=f"key-{p}-{i}".encode(), value=bench_value(i), partition=p, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            producer.poll(0)
+    if producer.flush(120) or failed:
+        raise Failure(f"not every record was delivered: {failed[:3]}")
+    emit({"records": per_partition * args.partitions})
+
+
+def cmd_drain(args):
+    consumer = Consumer(
+        {
+            **common_config(args.brokers),
+            "group.id": "kafka-retry-bench-drain",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 1 << 20,
+            "max.partition.fetch.bytes": 1 << 20,
+        }
+    )
+    consumer.assign([TopicPartition(args.topic, p, 0) for p in range(args.partitions)])
+    received = 0
+    started = None
+    try:
+        while received < args.records:
+            batch = consumer.consume(num_messages=1000, timeout=POLL_INTERVAL_S)
+            for message in batch:
+                if message.error() is None:
+                    if started is None:
+                        started = time.monotonic()
+                    received += 1
+    finally:
+        consumer.close()
+    elapsed = time.monotonic() - started
+    # Timed from the first record, as the pipeline's drain is.
+    emit({"records": received, "records_per_s": round(received / elapsed)})
 
 
 if __name__ == "__main__":

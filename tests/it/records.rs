@@ -24,7 +24,19 @@ async fn foreign_consume(topic: &str, n: usize) -> Vec<Value> {
     let brokers = broker_addr();
     let group = unique_topic("foreign-reader");
     let n = n.to_string();
-    let args = ["consume", "--brokers", &brokers, "--group", &group, "--topic", topic, "--max-records", &n, "--idle-timeout-s", "20"];
+    let args = [
+        "consume",
+        "--brokers",
+        &brokers,
+        "--group",
+        &group,
+        "--topic",
+        topic,
+        "--max-records",
+        &n,
+        "--idle-timeout-s",
+        "20",
+    ];
     let output = kafka_client(&args).await;
     output
         .lines()
@@ -58,11 +70,8 @@ async fn a_record_keeps_its_headers_in_order_through_the_ladder() {
     listener.shutdown().await;
 
     // The handler sees the headers with a value, in order, the repeated name twice.
-    let seen: Vec<(String, String)> = handler.calls()[0]
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
-        .collect();
+    let seen: Vec<(String, String)> =
+        handler.calls()[0].headers.iter().map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned())).collect();
     let pairs = |p: &[(&str, &str)]| p.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
     assert_eq!(seen, pairs(&[("trace", "abc"), ("dup", "1"), ("dup", "2")]));
     assert_eq!(stats.null_header_records, 2, "both attempts saw the null header: {stats:?}");
@@ -136,7 +145,8 @@ async fn a_record_whose_header_name_is_not_utf8_is_dead_lettered_as_it_is() {
     let handler = Scripted::new(&[]);
     let listener = start_joined(&ladder, handler.clone()).await;
     let headers = vec![(b"trace".to_vec(), Some(b"abc".to_vec())), (b"\xff\xfename".to_vec(), Some(b"v".to_vec()))];
-    let record = raw::RawRecord { key: Some(b"odd".to_vec()), value: Some(b"payload".to_vec()), headers: headers.clone() };
+    let record =
+        raw::RawRecord { key: Some(b"odd".to_vec()), value: Some(b"payload".to_vec()), headers: headers.clone() };
     let offset = raw::produce(ladder.source(), 0, &[record]).await;
     fence(&ladder, 0, 1).await;
     let stats = listener.stats().snapshot();
@@ -195,10 +205,8 @@ async fn kafka_only_a_republication_tried_again_after_a_lost_answer_is_written_o
     tokio::time::sleep(Duration::from_secs(6)).await;
     let failures = listener.stats().snapshot().publish_failures;
     cluster.broker(follower).resume();
-    eventually("every retry", SETTLE, || async {
-        keys.iter().all(|k| handler.attempts(k) == [1, 2]).then_some(())
-    })
-    .await;
+    eventually("every retry", SETTLE, || async { keys.iter().all(|k| handler.attempts(k) == [1, 2]).then_some(()) })
+        .await;
     listener.shutdown().await;
     assert!(failures >= 2, "the produce answers did not time out: {failures} failed tries");
     let on_rung: Vec<String> = read_partition(ladder.retry(0), 0)

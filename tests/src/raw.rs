@@ -42,8 +42,9 @@ pub async fn produce(topic: &str, partition: i32, records: &[RawRecord]) -> i64 
         3,
         8,
         &MetadataRequest::default()
-            .with_topics(Some(vec![MetadataRequestTopic::default()
-                .with_name(Some(TopicName(StrBytes::from_string(topic.to_owned()))))]))
+            .with_topics(Some(vec![
+                MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_string(topic.to_owned()))))
+            ]))
             .with_allow_auto_topic_creation(false),
     )
     .await;
@@ -56,12 +57,11 @@ pub async fn produce(topic: &str, partition: i32, records: &[RawRecord]) -> i64 
         .unwrap_or_else(|| panic!("no leader of {topic}/{partition} in {metadata:?}"));
     let broker = metadata.brokers.iter().find(|b| b.node_id == leader).expect("the leader is listed");
     let addr = format!("{}:{}", broker.host, broker.port);
-    let request = ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(10_000)
-        .with_topic_data(vec![TopicProduceData::default()
+    let request = ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![
+        TopicProduceData::default()
             .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
-            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch))])]);
+            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch))]),
+    ]);
     let response: ProduceResponse = exchange(&addr, 0, 8, &request).await;
     let answer = &response.responses[0].partition_responses[0];
     assert_eq!(answer.error_code, 0, "raw produce to {topic}/{partition} refused: {answer:?}");

@@ -7,7 +7,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 
 use crate::{
-    broker::Broker,
+    broker::{Broker, Implementation, Kind},
     env::BROKERS_ENV,
     paths::{cargo, workspace_root},
     process::run,
@@ -26,6 +26,9 @@ pub(crate) struct BenchArgs {
     /// 20 records/s per partition, so fewer are enough).
     #[arg(long, default_value_t = 600)]
     sequential_records: usize,
+    /// Only the codec scenarios on Apache Kafka (and librdkafka's row).
+    #[arg(long)]
+    codecs_only: bool,
 }
 
 pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
@@ -40,7 +43,7 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         "bench",
     ]))?;
     let binary = workspace_root().join("target/release/bench");
-    {
+    if !args.codecs_only {
         let run_id = std::process::id();
         // A fresh broker per scenario (tansu's storage slows down as it
         // grows), unless one is given by KAFKA_RETRY_BROKERS.
@@ -135,8 +138,109 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         println!("pipeline rates: from the first handled record until the source group committed every record");
         println!("(the group joins before it are the join column); each scenario runs on a fresh broker;");
         println!("failed records are republished (acks=all) to the retry rung before their offset is committed.");
-        Ok(())
     }
+    codecs(&binary, args)
+}
+
+/// The codec rows: topics filled by a foreign producer (librdkafka through
+/// confluent-kafka) with each codec, drained by the no-op pipeline, beside
+/// librdkafka's own consumer and rskafka's raw fetch of the uncompressed
+/// topic: one Apache Kafka broker, the same run.
+fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
+    let python = crate::python::interop_python()?;
+    let client = workspace_root().join("tests/interop/kafka_client.py");
+    eprintln!("starting one Apache Kafka broker for the codec scenarios...");
+    let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1)?;
+    crate::interrupt::started(&broker);
+    let result = (|| -> anyhow::Result<()> {
+        let addr = broker.addr.clone();
+        let p = args.partitions.to_string();
+        let n = args.records.to_string();
+        let run_id = std::process::id();
+        let bench = |extra: &[&str]| -> anyhow::Result<Figures> {
+            let out = Command::new(binary).args(extra).env(BROKERS_ENV, &addr).output()?;
+            if !out.status.success() {
+                bail!("bench {} failed: {}", extra.join(" "), String::from_utf8_lossy(&out.stderr));
+            }
+            Ok(Figures(String::from_utf8(out.stdout)?))
+        };
+        let foreign = |extra: &[&str]| -> anyhow::Result<Figures> {
+            let out = Command::new(&python).arg(&client).arg("--deadline-s").arg("600").args(extra).output()?;
+            if !out.status.success() {
+                bail!("kafka_client {} failed: {}", extra.join(" "), String::from_utf8_lossy(&out.stderr));
+            }
+            // JSON like {"records": 15000, "records_per_s": 123}: the same figures as key=value.
+            let text =
+                String::from_utf8(out.stdout)?.replace(['{', '}', '"', ' '], "").replace(':', "=").replace(',', " ");
+            Ok(Figures(text))
+        };
+        let mut rows = Vec::new();
+        for codec in ["none", "gzip", "snappy", "lz4", "zstd"] {
+            let topic = format!("bench-{run_id}-codec-{codec}");
+            eprintln!("codec {codec}: librdkafka fills {topic} with {n} records, the no-op pipeline drains it...");
+            bench(&["create", &topic, &p, "0"])?;
+            foreign(&[
+                "fill",
+                "--brokers",
+                &addr,
+                "--topic",
+                &topic,
+                "--partitions",
+                &p,
+                "--records",
+                &n,
+                "--compression",
+                codec,
+            ])?;
+            let drained = bench(&["pipeline", &topic, &p, &n, "0", "0", "64"])?;
+            let extra = if codec == "none" {
+                let librdkafka =
+                    foreign(&["drain", "--brokers", &addr, "--topic", &topic, "--partitions", &p, "--records", &n])?;
+                let fetch = bench(&["fetch", &topic, &p, &n])?;
+                Some((librdkafka, fetch))
+            } else {
+                None
+            };
+            rows.push((codec, drained, extra));
+        }
+        let (_, none, Some((librdkafka, fetch))) = &rows[0] else { bail!("the uncompressed row comes first") };
+        let librdkafka_rate = librdkafka.get("records_per_s")?;
+        let fetch_rate = fetch.get("fetch_per_s")?;
+        let none_rate = none.get("drain_per_s")?;
+        println!();
+        println!("On Apache Kafka (one broker), records of about 170 bytes filled by librdkafka:");
+        println!("{:<52} {:>10} {:>22}", "scenario", "records/s", "relative");
+        let pct = |a: f64, b: f64| format!("{:.0}%", 100.0 * a / b);
+        println!(
+            "{:<52} {librdkafka_rate:>10.0} {:>22}",
+            "librdkafka consume, uncompressed (confluent-kafka)", "100% of librdkafka"
+        );
+        println!(
+            "{:<52} {fetch_rate:>10.0} {:>22}",
+            "rskafka fetch, uncompressed (raw ceiling)",
+            pct(fetch_rate, librdkafka_rate) + " of librdkafka"
+        );
+        println!(
+            "{:<52} {none_rate:>10.0} {:>22}",
+            "pipeline, no-op handler, uncompressed",
+            pct(none_rate, librdkafka_rate) + " of librdkafka"
+        );
+        for (codec, drained, _) in &rows[1..] {
+            let rate = drained.get("drain_per_s")?;
+            println!(
+                "{:<52} {rate:>10.0} {:>22}",
+                format!("pipeline, no-op handler, {codec}"),
+                pct(rate, none_rate) + " of uncompressed"
+            );
+        }
+        println!();
+        println!("the pipeline reads every codec through the same path; its rate is timed as above, librdkafka's");
+        println!("from its first record until it has read every record (no group, no commits).");
+        Ok(())
+    })();
+    broker.stop()?;
+    crate::interrupt::stopped(&broker);
+    result
 }
 
 /// One scenario's `key=value` output line.

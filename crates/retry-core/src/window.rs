@@ -12,7 +12,7 @@
 //! [`InFlightWindow::start_ready`] returns, and reports each record's end
 //! with [`InFlightWindow::finish`].
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::{Error, Result};
 
@@ -139,6 +139,10 @@ pub struct InFlightWindow {
     /// Per lane, its waiting and running records in offset order; the
     /// first one is the only one that may run.
     lanes: HashMap<Lane, VecDeque<i64>>,
+    /// Waiting records that may start: first of their lane, or of none.
+    /// Kept as records come and go, so starting costs what starts, not the
+    /// whole window.
+    ready: BTreeSet<i64>,
     /// The next offset expected, and the commit position when the window is empty.
     next_offset: i64,
 }
@@ -147,7 +151,13 @@ impl InFlightWindow {
     /// An empty window whose first record will be at `start` (the position
     /// the partition resumes from).
     pub fn new(config: WindowConfig, start: i64) -> Self {
-        InFlightWindow { config, entries: BTreeMap::new(), lanes: HashMap::new(), next_offset: start }
+        InFlightWindow {
+            config,
+            entries: BTreeMap::new(),
+            lanes: HashMap::new(),
+            ready: BTreeSet::new(),
+            next_offset: start,
+        }
     }
 
     /// How many more records it takes now.
@@ -183,8 +193,16 @@ impl InFlightWindow {
             (None, NullKeys::Ordered) => Some(Lane::NullKey),
             (None, NullKeys::Unordered) => None,
         };
-        if let Some(lane) = &lane {
-            self.lanes.entry(lane.clone()).or_default().push_back(offset);
+        let first = match &lane {
+            Some(lane) => {
+                let queue = self.lanes.entry(lane.clone()).or_default();
+                queue.push_back(offset);
+                queue.len() == 1
+            }
+            None => true,
+        };
+        if first {
+            self.ready.insert(offset);
         }
         self.entries.insert(offset, Entry { lane, state: State::Waiting });
         self.next_offset = offset + 1;
@@ -210,18 +228,10 @@ impl InFlightWindow {
     /// The records that may start now, lowest offset first, marked running:
     /// those waiting with no earlier unfinished record of their key.
     pub fn start_ready(&mut self) -> Vec<i64> {
-        let mut ready = Vec::new();
-        for (offset, entry) in self.entries.iter_mut() {
-            if entry.state != State::Waiting {
-                continue;
-            }
-            let first_of_lane = match &entry.lane {
-                None => true,
-                Some(lane) => self.lanes.get(lane).and_then(|q| q.front()) == Some(offset),
-            };
-            if first_of_lane {
+        let ready: Vec<i64> = std::mem::take(&mut self.ready).into_iter().collect();
+        for offset in &ready {
+            if let Some(entry) = self.entries.get_mut(offset) {
                 entry.state = State::Running;
-                ready.push(*offset);
             }
         }
         ready
@@ -238,7 +248,7 @@ impl InFlightWindow {
                 Error::InvalidWindow(format!("record at offset {offset} released but it is not running"))
             })?;
         entry.state = State::Released;
-        free_lane(&mut self.lanes, entry, offset);
+        free_lane(&mut self.lanes, &mut self.ready, entry, offset);
         Ok(())
     }
 
@@ -253,7 +263,7 @@ impl InFlightWindow {
                 || Error::InvalidWindow(format!("record at offset {offset} finished but it is not running")),
             )?;
         if entry.state == State::Running {
-            free_lane(&mut self.lanes, entry, offset);
+            free_lane(&mut self.lanes, &mut self.ready, entry, offset);
         }
         entry.state = State::Done;
         while let Some(entry) = self.entries.first_entry() {
@@ -274,13 +284,18 @@ impl InFlightWindow {
 }
 
 /// Lets the next record of `entry`'s lane start.
-fn free_lane(lanes: &mut HashMap<Lane, VecDeque<i64>>, entry: &Entry, offset: i64) {
+fn free_lane(lanes: &mut HashMap<Lane, VecDeque<i64>>, ready: &mut BTreeSet<i64>, entry: &Entry, offset: i64) {
     if let Some(lane) = &entry.lane {
         let queue = lanes.get_mut(lane).expect("a running record's lane exists");
         debug_assert_eq!(queue.front(), Some(&offset), "only a lane's first record runs");
         queue.pop_front();
-        if queue.is_empty() {
-            lanes.remove(lane);
+        match queue.front() {
+            Some(next) => {
+                ready.insert(*next);
+            }
+            None => {
+                lanes.remove(lane);
+            }
         }
     }
 }

@@ -8,8 +8,10 @@
 //! headers comes from [`retry_core`]. It never auto-creates topics: create
 //! them with [`TopicPlan::create`] and check them with [`TopicPlan::verify`].
 //!
-//! Pure Rust: produce and fetch go through `rskafka`; consumer groups and
-//! offset commits, which rskafka lacks, through `kafka-protocol`.
+//! Pure Rust: records are fetched and produced with our own record-batch
+//! codec (every codec, headers as written, transactions, an idempotent
+//! producer) over `kafka-protocol`, as are consumer groups and offset
+//! commits; `rskafka` lists topics and reads partition offsets.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -125,9 +127,9 @@ impl std::str::FromStr for IsolationLevel {
         match s {
             "read_committed" => Ok(IsolationLevel::ReadCommitted),
             "read_uncommitted" => Ok(IsolationLevel::ReadUncommitted),
-            other => Err(Error::Config(format!(
-                "isolation level {other:?} is neither read_committed nor read_uncommitted"
-            ))),
+            other => {
+                Err(Error::Config(format!("isolation level {other:?} is neither read_committed nor read_uncommitted")))
+            }
         }
     }
 }

@@ -214,7 +214,12 @@ impl Publisher {
 
     /// Publishes `records` to `topic`/`partition` in order; on error, the
     /// error and what was not acknowledged.
-    async fn publish_partition(&self, topic: String, partition: i32, records: Vec<Outgoing>) -> (Result<()>, Vec<Outgoing>) {
+    async fn publish_partition(
+        &self,
+        topic: String,
+        partition: i32,
+        records: Vec<Outgoing>,
+    ) -> (Result<()>, Vec<Outgoing>) {
         let mut queue: VecDeque<Vec<Outgoing>> = chunks(records, self.max_request_bytes).into();
         while let Some(chunk) = queue.pop_front() {
             let source = match self.send(&topic, partition, &chunk).await {
@@ -307,7 +312,11 @@ impl Publisher {
         }
         match produce::init_producer_id(conn).await? {
             Some(identity) => {
-                tracing::debug!(producer_id = identity.producer_id, epoch = identity.producer_epoch, "idempotent producer");
+                tracing::debug!(
+                    producer_id = identity.producer_id,
+                    epoch = identity.producer_epoch,
+                    "idempotent producer"
+                );
                 *idempotence = Idempotence::Known(identity);
                 Ok(Some(identity))
             }
@@ -369,7 +378,10 @@ fn encode(records: &[Outgoing], producer: Option<Sequenced>) -> Bytes {
         .iter()
         .map(|r| {
             let headers = r.headers.iter().map(|h| (&h.name[..], h.value.as_deref())).collect();
-            (NewRecord { key: r.key.as_deref(), value: r.value.as_deref(), timestamp: r.timestamp.as_millis() }, headers)
+            (
+                NewRecord { key: r.key.as_deref(), value: r.value.as_deref(), timestamp: r.timestamp.as_millis() },
+                headers,
+            )
         })
         .collect();
     batch::encode(&input, codec, producer)

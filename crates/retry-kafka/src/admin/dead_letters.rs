@@ -98,7 +98,9 @@ impl Read {
                     Err(_) => r
                         .headers
                         .iter()
-                        .filter_map(|h| Some((String::from_utf8_lossy(&h.name).into_owned(), h.value.as_ref()?.to_vec())))
+                        .filter_map(|h| {
+                            Some((String::from_utf8_lossy(&h.name).into_owned(), h.value.as_ref()?.to_vec()))
+                        })
                         .collect(),
                 };
                 Read {
@@ -307,7 +309,7 @@ impl DeadLetterAdmin {
             publisher: Publisher::new(
                 cluster.clone(),
                 &connection,
-            crate::consumer::listener::DEFAULT_MAX_REQUEST_BYTES,
+                crate::consumer::listener::DEFAULT_MAX_REQUEST_BYTES,
                 Default::default(),
             ),
             operators: Mutex::new(GroupClient::new(connection.clone(), groups.operators())),

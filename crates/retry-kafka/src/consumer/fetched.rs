@@ -123,7 +123,10 @@ mod tests {
     fn a_header_name_that_is_not_utf8_makes_the_record_poison() {
         let f = Fetched::of(record(vec![raw(b"ok", Some(b"1")), raw(b"\xff\xfe", Some(b"x"))]), "t", 3);
         let poison = f.poison.expect("poison");
-        assert!(poison.contains("t/3@7") && poison.contains("header 1 is not UTF-8") && poison.contains("fffe"), "{poison}");
+        assert!(
+            poison.contains("t/3@7") && poison.contains("header 1 is not UTF-8") && poison.contains("fffe"),
+            "{poison}"
+        );
         assert_eq!(f.raw_headers.len(), 2, "kept as written");
     }
 

@@ -214,7 +214,7 @@ mod tests {
         check(5, read(0, Some(5), 9), AfterFetch::Wait);
         check(5, read(0, None, 4), AfterFetch::CheckPosition(Doubt::EmptyAboveHighWatermark { high_watermark: 4 }));
         check(5, read(2, Some(7), 4), AfterFetch::Process); // records came: nothing to doubt
-        // Bytes, but no whole batch: a batch larger than the fetch may bring.
+                                                            // Bytes, but no whole batch: a batch larger than the fetch may bring.
         check(5, FetchOutcome::Read { items: 0, next_offset: None, end: 9, cut: true }, AfterFetch::Grow);
         check(5, FetchOutcome::OutOfRange, AfterFetch::CheckPosition(Doubt::OutOfRange));
         check(5, FetchOutcome::NoAnswer, AfterFetch::Reconnect);

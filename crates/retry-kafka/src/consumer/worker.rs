@@ -18,12 +18,15 @@ use crate::{
     cluster::deadline,
     consumer::brake::Admitted,
     consumer::commit::CommitTracker,
+    consumer::fetched::Fetched,
     consumer::listener::{Impaired, OffsetReset, Shared},
     consumer::position::{self, AfterFetch, Doubt, FetchOutcome, Verdict},
     consumer::session::ABORT_WAIT,
     metrics::{Outcome, TopicMetrics},
-    consumer::fetched::Fetched,
-    protocol::fetch::{FetchError, PartitionReader, Readable},
+    protocol::{
+        batch::valued_headers,
+        fetch::{FetchError, PartitionReader, Readable},
+    },
     publisher::{republished_headers, Outgoing, PublishFailure},
     ConsumedRecord, Error, RecordHandler, TopicPartition,
 };
@@ -232,7 +235,8 @@ impl<H: RecordHandler> Worker<H> {
         let mut backoff = pauses(Duration::from_millis(100), Duration::from_secs(5));
         let config = &self.shared.config;
         let max_inflated = config.max_batch_inflated_bytes();
-        let mut reader = PartitionReader::new(&config.connection, &topic, partition, config.isolation_level, max_inflated);
+        let mut reader =
+            PartitionReader::new(&config.connection, &topic, partition, config.isolation_level, max_inflated);
         let mut max_bytes = self.max_fetch_bytes();
         // Set while a batch larger than any fetch may bring holds the partition.
         let mut oversized: Option<Stall> = None;
@@ -424,15 +428,19 @@ impl<H: RecordHandler> Worker<H> {
         let TopicPartition { topic, partition } = &self.tp;
         for offset in in_flight.window.start_ready() {
             let record = in_flight.admitted.remove(&offset).expect("a started record was admitted");
-            let key = record.key.as_deref().map(|k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
             let span = tracing::info_span!(
                 "record",
                 %topic,
                 partition,
                 offset,
-                key = key.as_deref().unwrap_or(""),
+                key = tracing::field::Empty,
                 attempt = self.stage.attempt()
             );
+            // The key's text only for a span someone records.
+            if !span.is_disabled() {
+                let key = record.key.as_deref().map(|k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
+                span.record("key", key.as_deref().unwrap_or(""));
+            }
             in_flight.running.push(Box::pin(async move { (offset, self.process(record).await) }.instrument(span)));
         }
     }
@@ -630,7 +638,10 @@ impl<H: RecordHandler> Worker<H> {
         let Fetched { offset, key, value, headers, raw_headers, timestamp, codec, null_headers, poison, .. } = record;
         if null_headers > 0 {
             shared.metrics.count(|s| &s.null_header_records);
-            tracing::debug!(null_headers, "headers whose value is null are not shown to the handler (republications keep them)");
+            tracing::debug!(
+                null_headers,
+                "headers whose value is null are not shown to the handler (republications keep them)"
+            );
         }
         let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers: &headers };
         let codec = shared.config.publish_compression.codec_for(codec);
@@ -645,7 +656,15 @@ impl<H: RecordHandler> Worker<H> {
                 unreachable!("an undecodable record is always dead-lettered")
             };
             let headers = republished_headers(&raw_headers, &decided);
-            let record = Outgoing { topic: target.to_string(), source_partition: *partition, key, value, headers, timestamp: now, codec };
+            let record = Outgoing {
+                topic: target.to_string(),
+                source_partition: *partition,
+                key,
+                value,
+                headers,
+                timestamp: now,
+                codec,
+            };
             return Processed::Republish { record, dead_letter: true };
         }
 
@@ -657,16 +676,19 @@ impl<H: RecordHandler> Worker<H> {
             return Processed::Left;
         }
 
+        // The handler takes the headers; a failure's decision reads them
+        // again from the record as written (success needs none).
         let mut consumed = Some(ConsumedRecord {
             topic: topic.clone(),
             partition: *partition,
             offset,
             key: key.clone(),
             value: value.clone(),
-            headers: headers.clone(),
+            headers,
             timestamp,
             attempt: self.stage.attempt(),
         });
+        let mut read_again = None;
         // The outage brake may hold the record back before its call, and
         // after it, instead of dead-lettering it: then it runs again later.
         let mut held = None;
@@ -686,7 +708,14 @@ impl<H: RecordHandler> Worker<H> {
             let Some(outcome) = self.run_handler(record).await else { return Processed::Abandoned };
             shared.brake.finished(ticket, &outcome, self.stage);
             let now = Timestamp::from(std::time::SystemTime::now());
-            let decision = policy.decide(self.stage, &meta, &outcome, now);
+            let decision = match &outcome {
+                Ok(()) => Decision::Commit,
+                Err(_) => {
+                    let headers = read_again.get_or_insert_with(|| valued_headers(&raw_headers).unwrap_or_default().0);
+                    let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers };
+                    policy.decide(self.stage, &meta, &outcome, now)
+                }
+            };
             if !shared.brake.holds(&decision) {
                 break (outcome, now, decision);
             }
@@ -709,8 +738,15 @@ impl<H: RecordHandler> Worker<H> {
             }
         };
         let headers = republished_headers(&raw_headers, &headers);
-        let record =
-            Outgoing { topic: target.to_string(), source_partition: *partition, key, value, headers, timestamp: now, codec };
+        let record = Outgoing {
+            topic: target.to_string(),
+            source_partition: *partition,
+            key,
+            value,
+            headers,
+            timestamp: now,
+            codec,
+        };
         Processed::Republish { record, dead_letter }
     }
 

@@ -181,20 +181,25 @@ pub(crate) struct RawRecord {
 }
 
 impl RawRecord {
-    /// The headers a handler sees: those with a value, in order, and how
-    /// many had none; `Err(i)` when the name of header `i` is not UTF-8.
+    /// The headers a handler sees (see [`valued_headers`]).
     pub(crate) fn valued_headers(&self) -> Result<(retry_core::Headers, usize), usize> {
-        let mut headers = Vec::with_capacity(self.headers.len());
-        let mut nulls = 0;
-        for (i, h) in self.headers.iter().enumerate() {
-            let name = std::str::from_utf8(&h.name).map_err(|_| i)?;
-            match &h.value {
-                Some(value) => headers.push((name.to_owned(), value.to_vec())),
-                None => nulls += 1,
-            }
-        }
-        Ok((headers.into_iter().collect(), nulls))
+        valued_headers(&self.headers)
     }
+}
+
+/// The headers a handler sees: those with a value, in order, and how many
+/// had none; `Err(i)` when the name of header `i` is not UTF-8.
+pub(crate) fn valued_headers(raw: &[RawHeader]) -> Result<(retry_core::Headers, usize), usize> {
+    let mut headers = Vec::with_capacity(raw.len());
+    let mut nulls = 0;
+    for (i, h) in raw.iter().enumerate() {
+        let name = std::str::from_utf8(&h.name).map_err(|_| i)?;
+        match &h.value {
+            Some(value) => headers.push((name.to_owned(), value.to_vec())),
+            None => nulls += 1,
+        }
+    }
+    Ok((headers.into_iter().collect(), nulls))
 }
 
 /// What a transaction marker says.
@@ -241,7 +246,10 @@ pub(crate) fn decode_all(mut bytes: Bytes, max_inflated: usize) -> Vec<Batch> {
 pub(crate) fn decode(header: BatchHeader, raw: Bytes, max_inflated: usize) -> Batch {
     let undecodable = |problem: String| Batch::Undecodable { header, raw: raw.clone(), problem };
     if header.magic != 2 {
-        return undecodable(format!("message format v{} (magic {}) is not read: only v2 batches", header.magic, header.magic));
+        return undecodable(format!(
+            "message format v{} (magic {}) is not read: only v2 batches",
+            header.magic, header.magic
+        ));
     }
     if header.size < HEADER_BYTES {
         return undecodable(format!("a batch of {} bytes is shorter than its header", header.size));
@@ -254,7 +262,10 @@ pub(crate) fn decode(header: BatchHeader, raw: Bytes, max_inflated: usize) -> Ba
     }
     let computed = crc32c::crc32c(&raw[CRC_FROM..]);
     if computed != header.crc {
-        return undecodable(format!("checksum mismatch: the batch says {:#010x}, its bytes {computed:#010x}", header.crc));
+        return undecodable(format!(
+            "checksum mismatch: the batch says {:#010x}, its bytes {computed:#010x}",
+            header.crc
+        ));
     }
     let Some(codec) = header.codec() else {
         return undecodable(format!("unknown compression codec {}", header.attributes & 0x07));
@@ -323,7 +334,8 @@ const XERIAL_MAGIC: &[u8] = b"\x82SNAPPY\x00";
 
 fn snappy_decompress(body: &[u8], max: usize) -> Result<Bytes, String> {
     let block = |compressed: &[u8], out: &mut Vec<u8>| -> Result<(), String> {
-        let len = snap::raw::decompress_len(compressed).map_err(|e| format!("cannot decompress the snappy batch: {e}"))?;
+        let len =
+            snap::raw::decompress_len(compressed).map_err(|e| format!("cannot decompress the snappy batch: {e}"))?;
         if out.len() + len > max {
             return Err(format!("the snappy batch inflates beyond {max} bytes (the cap on one decompressed batch)"));
         }
@@ -357,7 +369,8 @@ fn snappy_decompress(body: &[u8], max: usize) -> Result<Bytes, String> {
 
 /// Decodes the records of a batch (decompressed).
 fn decode_records(header: &BatchHeader, records: Bytes) -> Result<Vec<RawRecord>, String> {
-    let count = usize::try_from(header.record_count).map_err(|_| format!("a record count of {}", header.record_count))?;
+    let count =
+        usize::try_from(header.record_count).map_err(|_| format!("a record count of {}", header.record_count))?;
     // Each record takes at least 7 bytes: the count cannot be trusted to size a vector.
     let mut out = Vec::with_capacity(count.min(records.len() / 7 + 1));
     let mut pos = 0;
@@ -388,8 +401,7 @@ fn decode_record(header: &BatchHeader, all: &Bytes, pos: &mut usize) -> Result<R
     let key = read_bytes(&body, &mut r)?;
     let value = read_bytes(&body, &mut r)?;
     let header_count = read_varint(&mut r)?;
-    let header_count =
-        usize::try_from(header_count).map_err(|_| format!("a header count of {header_count}"))?;
+    let header_count = usize::try_from(header_count).map_err(|_| format!("a header count of {header_count}"))?;
     let mut headers = Vec::with_capacity(header_count.min(r.len() / 2 + 1));
     for _ in 0..header_count {
         let name = read_bytes(&body, &mut r)?.ok_or("a header without a name")?;
@@ -540,7 +552,10 @@ where
 }
 
 /// How many bytes a record adds to a batch before compression.
-pub(crate) fn record_size<'a>(record: NewRecord<'a>, headers: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>) -> usize {
+pub(crate) fn record_size<'a>(
+    record: NewRecord<'a>,
+    headers: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+) -> usize {
     let field = |f: Option<&[u8]>| f.map_or(1, |b| varlong_len(b.len() as i64) + b.len());
     let mut n = 1 + 10 + 5 + field(record.key) + field(record.value) + 5;
     for (name, value) in headers {

@@ -233,9 +233,11 @@ impl PartitionReader {
         let broker_error = |code: i16| match ResponseError::try_from_code(code) {
             None => Ok(()),
             Some(ResponseError::OffsetOutOfRange) => Err(FetchError::OutOfRange),
-            Some(error) => {
-                Err(FetchError::Failed(Error::Broker { api: "Fetch", context: Some(format!("{topic}/{partition}")), error }))
-            }
+            Some(error) => Err(FetchError::Failed(Error::Broker {
+                api: "Fetch",
+                context: Some(format!("{topic}/{partition}")),
+                error,
+            })),
         };
         broker_error(response.error_code)?;
         let data = response
@@ -244,12 +246,12 @@ impl PartitionReader {
             .flat_map(|t| t.partitions)
             .find(|p| p.partition_index == partition)
             .ok_or_else(|| {
-                FetchError::Failed(Error::Protocol {
-                    addr: conn.addr().to_owned(),
-                    api: "Fetch",
-                    reason: format!("no data for {topic}/{partition} in the response"),
-                })
-            })?;
+            FetchError::Failed(Error::Protocol {
+                addr: conn.addr().to_owned(),
+                api: "Fetch",
+                reason: format!("no data for {topic}/{partition} in the response"),
+            })
+        })?;
         broker_error(data.error_code)?;
         let bytes = data.records.unwrap_or_default();
         let had_bytes = !bytes.is_empty();
@@ -344,7 +346,8 @@ mod tests {
         check(log(), 0, &list, RC, (&[2, 3, 6], Some(7), 2));
         check(log(), 0, &list, RU, (&[0, 1, 2, 3, 6], Some(7), 0));
         // The same producer's next transaction, committed after its abort, is read.
-        let later = vec![data(0, 0, 1, true), marker(1, 1, Marker::Abort), data(2, 0, 1, true), marker(3, 1, Marker::Commit)];
+        let later =
+            vec![data(0, 0, 1, true), marker(1, 1, Marker::Abort), data(2, 0, 1, true), marker(3, 1, Marker::Commit)];
         check(later, 0, &list, RC, (&[2], Some(4), 1));
         // An aborted transaction that began before the fetch's position.
         check(vec![data(5, 0, 1, true), marker(6, 1, Marker::Abort)], 5, &[aborted(1, 2)], RC, (&[], Some(7), 1));
@@ -372,7 +375,8 @@ mod tests {
 
     #[test]
     fn undecodable_batches_are_handed_on_in_order() {
-        let broken = Batch::Undecodable { header: header(2, 2, -1, false), raw: Bytes::from_static(b"x"), problem: "p".into() };
+        let broken =
+            Batch::Undecodable { header: header(2, 2, -1, false), raw: Bytes::from_static(b"x"), problem: "p".into() };
         check(vec![data(0, 1, -1, false), broken, data(5, 0, -1, false)], 0, &[], RC, (&[0, 1, 2, 5], Some(6), 0));
     }
 }

@@ -66,20 +66,18 @@ pub(crate) async fn produce(
         .with_transactional_id(None)
         .with_acks(-1)
         .with_timeout_ms(i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX))
-        .with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(str_bytes(topic)))
-            .with_partition_data(vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch))])]);
+        .with_topic_data(vec![TopicProduceData::default().with_name(TopicName(str_bytes(topic))).with_partition_data(
+            vec![PartitionProduceData::default().with_index(partition).with_records(Some(batch))],
+        )]);
     let (response, _) = conn.send(&request).await?;
-    let answer = response
-        .responses
-        .iter()
-        .flat_map(|t| &t.partition_responses)
-        .find(|p| p.index == partition)
-        .ok_or_else(|| Error::Protocol {
-            addr: conn.addr().to_owned(),
-            api: "Produce",
-            reason: format!("no answer for {topic}/{partition} in the response"),
-        })?;
+    let answer =
+        response.responses.iter().flat_map(|t| &t.partition_responses).find(|p| p.index == partition).ok_or_else(
+            || Error::Protocol {
+                addr: conn.addr().to_owned(),
+                api: "Produce",
+                reason: format!("no answer for {topic}/{partition} in the response"),
+            },
+        )?;
     match ResponseError::try_from_code(answer.error_code) {
         None => Ok(Written::At(answer.base_offset)),
         Some(ResponseError::DuplicateSequenceNumber) => Ok(Written::Duplicate),

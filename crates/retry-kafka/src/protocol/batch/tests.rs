@@ -214,10 +214,10 @@ fn xerial_and_raw_snappy_both_read() {
 /// (a second, independent implementation of the format).
 #[test]
 fn batches_written_by_kafka_protocol_decode() {
-    use kafka_protocol::records::{
-        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-    };
-    for (compression, codec) in [(Compression::None, Codec::None), (Compression::Gzip, Codec::Gzip), (Compression::Snappy, Codec::Snappy)] {
+    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+    for (compression, codec) in
+        [(Compression::None, Codec::None), (Compression::Gzip, Codec::Gzip), (Compression::Snappy, Codec::Snappy)]
+    {
         let records: Vec<Record> = (0..3)
             .map(|i| Record {
                 transactional: false,
@@ -245,7 +245,8 @@ fn batches_written_by_kafka_protocol_decode() {
         assert_eq!(batch.header().codec(), Some(codec));
         let got: Vec<(i64, i64, Option<Bytes>, Option<Bytes>)> =
             data(batch).iter().map(|r| (r.offset, r.timestamp, r.key.clone(), r.value.clone())).collect();
-        let expected: Vec<_> = records.iter().map(|r| (r.offset, r.timestamp, r.key.clone(), r.value.clone())).collect();
+        let expected: Vec<_> =
+            records.iter().map(|r| (r.offset, r.timestamp, r.key.clone(), r.value.clone())).collect();
         assert_eq!(got, expected, "{codec:?}");
     }
 }
