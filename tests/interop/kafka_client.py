@@ -76,6 +76,9 @@ def parse_args():
     produce.add_argument("--key", required=True)
     produce.add_argument("--value", required=True)
     produce.add_argument(
+        "--zeros", type=int, metavar="BYTES", help="instead of --value's text, a value of this many zero bytes"
+    )
+    produce.add_argument(
         "--header", action="append", default=[], type=parse_header, metavar="NAME=VALUE", help="repeatable"
     )
     produce.add_argument(
@@ -256,6 +259,9 @@ def cmd_produce(args):
         # Bounds the delivery attempt, unknown-topic waits included.
         "message.timeout.ms": int(REQUEST_TIMEOUT_S * 1000),
     }
+    if args.zeros:
+        # librdkafka checks a record's size before compression.
+        config["message.max.bytes"] = max(1_000_000, args.zeros * 2)
     transactional_id = args.abort_transaction or args.commit_transaction
     if transactional_id:
         config["transactional.id"] = transactional_id
@@ -271,7 +277,7 @@ def cmd_produce(args):
     producer.produce(
         args.topic,
         key=args.key.encode(),
-        value=args.value.encode(),
+        value=bytes(args.zeros) if args.zeros else args.value.encode(),
         partition=args.partition,
         headers=headers_of(args),
         on_delivery=on_delivery,

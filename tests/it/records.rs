@@ -216,3 +216,62 @@ async fn kafka_only_a_republication_tried_again_after_a_lost_answer_is_written_o
         .collect();
     assert_eq!(on_rung, keys, "each record once on the rung, in order, after {failures} failed tries");
 }
+
+/// A batch that decompresses beyond the cap (here 2 MiB; a few kilobytes of
+/// gzip that inflate to 20 MiB) is never read into memory: it goes to the
+/// dead-letter topic as it is, its bytes the value, and the partition goes on.
+#[tokio::test]
+async fn a_batch_that_inflates_beyond_the_cap_is_dead_lettered_as_it_is() {
+    let ladder = Ladder::create("inflate", "100ms", 1).await;
+    let handler = Scripted::new(&[]);
+    let mut config = ladder.config();
+    config.max_batch_inflated = Some(2 << 20);
+    let listener = start_joined_with(config, handler.clone()).await;
+    let zeros = (20 << 20).to_string();
+    foreign_produce(ladder.source(), "bomb", "", &["--zeros", &zeros, "--compression", "gzip"]).await;
+    fence(&ladder, 0, 1).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    let keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
+    assert_eq!(keys, ["fence"]);
+    assert_eq!(stats.undecodable_records, 1, "{stats:?}");
+    let connection = integration::connection("kafka-retry-it-read");
+    let dead = retry_kafka::read_partition(&connection, ladder.dlq(), 0, 0).await.unwrap();
+    let [dead] = &dead[..] else { panic!("one dead letter, got {dead:?}") };
+    let text = |name: &str| String::from_utf8_lossy(dead.header(name).flatten().unwrap_or(b"<absent>")).into_owned();
+    assert_eq!(text("x-dead-letter-reason"), "undecodable");
+    assert!(text("x-error").contains("inflates beyond 2097152 bytes"), "{}", text("x-error"));
+    let batch = dead.value.as_deref().expect("the batch as the value");
+    assert!(batch.len() < 1 << 20 && batch[16] == 2, "the batch as fetched ({} bytes)", batch.len());
+}
+
+/// A batch whose checksum does not match its bytes cannot be read: it goes
+/// to the dead-letter topic as it is, and the partition goes on. Mock only:
+/// Apache Kafka and tansu check a batch's checksum when it is produced.
+#[tokio::test]
+async fn mock_only_a_batch_that_fails_its_checksum_is_dead_lettered_as_it_is() {
+    let ladder = Ladder::create("crc", "100ms", 1).await;
+    let handler = Scripted::new(&[]);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    let records: Vec<raw::RawRecord> = (0..3)
+        .map(|i| raw::RawRecord { key: Some(format!("k{i}").into_bytes()), value: Some(b"v".to_vec()), headers: vec![] })
+        .collect();
+    let batch = raw::corrupt(&records);
+    let offset = raw::produce_batch(ladder.source(), 0, batch.clone()).await;
+    fence(&ladder, 0, 1).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    let keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
+    assert_eq!(keys, ["fence"]);
+    assert_eq!(stats.undecodable_records, 1, "{stats:?}");
+    let connection = integration::connection("kafka-retry-it-read");
+    let dead = retry_kafka::read_partition(&connection, ladder.dlq(), 0, 0).await.unwrap();
+    let [dead] = &dead[..] else { panic!("one dead letter, got {dead:?}") };
+    let text = |name: &str| String::from_utf8_lossy(dead.header(name).flatten().unwrap_or(b"<absent>")).into_owned();
+    assert_eq!(text("x-original-offset"), offset.to_string());
+    let error = text("x-error");
+    assert!(error.contains("checksum mismatch") && error.contains(&format!("offsets {offset} to {}", offset + 2)), "{error}");
+    // The batch as fetched: from its checksum on, as produced (the broker
+    // sets its base offset and leader epoch).
+    assert_eq!(dead.value.as_ref().map(|v| v[17..].to_vec()), Some(batch[17..].to_vec()));
+}

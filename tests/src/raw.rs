@@ -34,7 +34,20 @@ pub struct RawRecord {
 /// Produces `records` as one uncompressed batch to `topic`/`partition`
 /// (acks=all) and returns the first offset.
 pub async fn produce(topic: &str, partition: i32, records: &[RawRecord]) -> i64 {
-    let batch = encode(records);
+    produce_batch(topic, partition, encode(records)).await
+}
+
+/// The same batch with one bit of its last record flipped, its checksum
+/// left as it was: a batch that fails its CRC.
+pub fn corrupt(records: &[RawRecord]) -> Bytes {
+    let mut batch = BytesMut::from(&encode(records)[..]);
+    let last = batch.len() - 1;
+    batch[last] ^= 1;
+    batch.freeze()
+}
+
+/// Produces one batch as given (acks=all) and returns the first offset.
+pub async fn produce_batch(topic: &str, partition: i32, batch: Bytes) -> i64 {
     let mut brokers = plaintext_brokers();
     let bootstrap = brokers.remove(0);
     let metadata: MetadataResponse = exchange(
