@@ -7,10 +7,11 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use integration::MockCluster;
+use integration::{KafkaCluster, MockCluster};
 
 use crate::support::{
-    committed, eventually, produce, produce_batch, read_partition, start_joined, Ladder, Scripted, Step, SETTLE,
+    committed, eventually, produce, produce_batch, read_partition, start_joined, start_joined_with, Ladder, Scripted,
+    Step, SETTLE,
 };
 
 /// Kafka's error codes, as the mock injects them.
@@ -478,4 +479,79 @@ async fn mock_only_a_member_dropped_while_it_drains_abandons_its_records_at_once
     second.shutdown().await;
     mock.clear_request_errors(api::HEARTBEAT).await;
     assert!(stats.evictions >= 1, "{stats:?}");
+}
+
+/// A produce request whose answer does not come in time is sent again; the
+/// broker must not write its records twice. A follower of the rung is
+/// frozen (SIGSTOP), so its leader cannot acknowledge (acks=all) and every
+/// try times out while the first one is already in the leader's log; once
+/// the follower runs again, the next try is acknowledged. The rung then
+/// holds each record once: the broker recognised the tries by their
+/// producer id and sequence numbers. The frozen broker leads nothing the
+/// test needs otherwise (the source, the groups' coordinators) and is left
+/// out of the listener's bootstrap brokers.
+#[tokio::test]
+async fn kafka_only_a_republication_tried_again_after_a_lost_answer_is_written_once() {
+    let cluster = KafkaCluster::get();
+    let (ladder, follower) = 'found: {
+        for _ in 0..20 {
+            let ladder = Ladder::create("idempotent", "100ms", 1).await;
+            let (source, rung) = (ladder.source().to_owned(), ladder.retry(0).to_owned());
+            // The groups' offsets topic exists once a coordinator was asked for.
+            let tp = [retry_kafka::TopicPartition::new(&source, 0)];
+            eventually("a coordinator", SETTLE, || async {
+                let mut offsets = retry_kafka::GroupOffsets::new(ladder.connection.clone(), &ladder.group_id);
+                offsets.committed(&tp).await.ok()
+            })
+            .await;
+            cluster.wait_fully_replicated(&[&source, &rung, "__consumer_offsets"]).await;
+            let states = cluster.partitions(&[&source, &rung, "__consumer_offsets"]).await;
+            let offsets = &states["__consumer_offsets"];
+            let mut busy = vec![states[&source][0].leader, states[&rung][0].leader];
+            for (_, group) in ladder.consumed() {
+                busy.push(offsets[integration::offsets_partition(&group, offsets.len() as i32) as usize].leader);
+            }
+            if let Some(f) = states[&rung][0].isr.iter().find(|id| !busy.contains(id)) {
+                break 'found (ladder, *f);
+            }
+        }
+        panic!("no ladder with a follower of its rung that leads nothing else it uses, in 20 tries");
+    };
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let records: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "{}".to_owned())).collect();
+    produce_batch(ladder.source(), 0, &records).await;
+    // Each first attempt takes 2 s, then fails: the follower is frozen by then.
+    let slow = [Step::SlowTransient(Duration::from_secs(2))];
+    let script: Vec<(&str, &[Step])> = keys.iter().map(|k| (k.as_str(), &slow[..])).collect();
+    let handler = Scripted::new(&script);
+    let others: Vec<String> = cluster.brokers().iter().filter(|b| b.id != follower).map(|b| b.addr.clone()).collect();
+    let mut config = ladder.config();
+    config.connection = retry_kafka::ConnectionConfig::new(&others.join(","), "kafka-retry-it-idempotent")
+        .unwrap()
+        .with_security(integration::security())
+        .with_request_timeout(Duration::from_secs(1))
+        .unwrap();
+    config.publish_backoff_initial = Duration::from_millis(100);
+    config.publish_backoff_max = Duration::from_millis(200);
+    let listener = start_joined_with(config, handler.clone()).await;
+    eventually("the first attempts to start", SETTLE, || async {
+        keys.iter().all(|k| handler.attempts(k).first() == Some(&1)).then_some(())
+    })
+    .await;
+    // Frozen for less than the broker session (6 s), after which the
+    // controller would fence it and the leader acknowledge without it.
+    let paused = cluster.broker(follower).pause();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let failures = listener.stats().snapshot().publish_failures;
+    drop(paused);
+    eventually("every retry", SETTLE, || async { keys.iter().all(|k| handler.attempts(k) == [1, 2]).then_some(()) })
+        .await;
+    listener.shutdown().await;
+    assert!(failures >= 2, "the produce answers did not time out: {failures} failed tries");
+    let on_rung: Vec<String> = read_partition(ladder.retry(0), 0)
+        .await
+        .into_iter()
+        .map(|r| String::from_utf8_lossy(r.record.key.as_deref().unwrap_or_default()).into_owned())
+        .collect();
+    assert_eq!(on_rung, keys, "each record once on the rung, in order, after {failures} failed tries");
 }

@@ -3,14 +3,10 @@
 //! than a fetch, header names that are not UTF-8, and republications that a
 //! lost produce answer must not write twice.
 
-use std::time::Duration;
-
-use integration::{broker_addr, kafka_client, raw, unique_topic, KafkaCluster};
+use integration::{broker_addr, kafka_client, raw, unique_topic};
 use serde_json::{json, Value};
 
-use crate::support::{
-    committed, eventually, fence, read_partition, start_joined, start_joined_with, Ladder, Scripted, Step, SETTLE,
-};
+use crate::support::{committed, eventually, fence, start_joined, start_joined_with, Ladder, Scripted, Step, SETTLE};
 
 /// Runs the foreign producer (librdkafka) for one record on partition 0.
 async fn foreign_produce(topic: &str, key: &str, value: &str, extra: &[&str]) {
@@ -169,54 +165,6 @@ async fn a_record_whose_header_name_is_not_utf8_is_dead_lettered_as_it_is() {
     assert!(error.contains("header 1 is not UTF-8") && error.contains("fffe6e616d65"), "{error}");
 }
 
-/// A produce request whose answer does not come in time is sent again; the
-/// broker must not write its records twice. A follower of the rung is
-/// frozen, so the leader cannot acknowledge (acks=all) and every try times
-/// out, while the first one is already in the leader's log; once the
-/// follower runs again, the next try is acknowledged. The rung then holds
-/// each record once: the broker recognised the tries by their producer id
-/// and sequence numbers.
-#[tokio::test]
-async fn kafka_only_a_republication_tried_again_after_a_lost_answer_is_written_once() {
-    let cluster = KafkaCluster::get();
-    let ladder = Ladder::create("idempotent", "100ms", 1).await;
-    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
-    let script: Vec<(&str, &[Step])> = keys.iter().map(|k| (k.as_str(), &[Step::Transient][..])).collect();
-    let handler = Scripted::new(&script);
-    let mut config = ladder.config();
-    config.connection = config.connection.with_request_timeout(Duration::from_secs(2)).unwrap();
-    config.publish_backoff_initial = Duration::from_millis(200);
-    config.publish_backoff_max = Duration::from_millis(500);
-    let listener = start_joined_with(config, handler.clone()).await;
-
-    let partitions = cluster.partitions(&[ladder.source(), ladder.retry(0)]).await;
-    let (source, rung) = (&partitions[ladder.source()][0], &partitions[ladder.retry(0)][0]);
-    // A follower of the rung that does not lead the source, whose records
-    // must keep coming.
-    let follower = *rung.isr.iter().find(|id| **id != rung.leader && **id != source.leader).expect("a follower");
-    cluster.broker(follower).pause();
-    let records: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "{}".to_owned())).collect();
-    crate::support::produce_batch(ladder.source(), 0, &records).await;
-    // Several tries time out meanwhile.
-    eventually("the first attempts", SETTLE, || async {
-        keys.iter().all(|k| handler.attempts(k).first() == Some(&1)).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let failures = listener.stats().snapshot().publish_failures;
-    cluster.broker(follower).resume();
-    eventually("every retry", SETTLE, || async { keys.iter().all(|k| handler.attempts(k) == [1, 2]).then_some(()) })
-        .await;
-    listener.shutdown().await;
-    assert!(failures >= 2, "the produce answers did not time out: {failures} failed tries");
-    let on_rung: Vec<String> = read_partition(ladder.retry(0), 0)
-        .await
-        .into_iter()
-        .map(|r| String::from_utf8_lossy(r.record.key.as_deref().unwrap_or_default()).into_owned())
-        .collect();
-    assert_eq!(on_rung, keys, "each record once on the rung, in order, after {failures} failed tries");
-}
-
 /// A batch that decompresses beyond the cap (here 2 MiB; a few kilobytes of
 /// gzip that inflate to 20 MiB) is never read into memory: it goes to the
 /// dead-letter topic as it is, its bytes the value, and the partition goes on.
@@ -254,7 +202,11 @@ async fn mock_only_a_batch_that_fails_its_checksum_is_dead_lettered_as_it_is() {
     let handler = Scripted::new(&[]);
     let listener = start_joined(&ladder, handler.clone()).await;
     let records: Vec<raw::RawRecord> = (0..3)
-        .map(|i| raw::RawRecord { key: Some(format!("k{i}").into_bytes()), value: Some(b"v".to_vec()), headers: vec![] })
+        .map(|i| raw::RawRecord {
+            key: Some(format!("k{i}").into_bytes()),
+            value: Some(b"v".to_vec()),
+            headers: vec![],
+        })
         .collect();
     let batch = raw::corrupt(&records);
     let offset = raw::produce_batch(ladder.source(), 0, batch.clone()).await;
@@ -270,7 +222,10 @@ async fn mock_only_a_batch_that_fails_its_checksum_is_dead_lettered_as_it_is() {
     let text = |name: &str| String::from_utf8_lossy(dead.header(name).flatten().unwrap_or(b"<absent>")).into_owned();
     assert_eq!(text("x-original-offset"), offset.to_string());
     let error = text("x-error");
-    assert!(error.contains("checksum mismatch") && error.contains(&format!("offsets {offset} to {}", offset + 2)), "{error}");
+    assert!(
+        error.contains("checksum mismatch") && error.contains(&format!("offsets {offset} to {}", offset + 2)),
+        "{error}"
+    );
     // The batch as fetched: from its checksum on, as produced (the broker
     // sets its base offset and leader epoch).
     assert_eq!(dead.value.as_ref().map(|v| v[17..].to_vec()), Some(batch[17..].to_vec()));

@@ -235,6 +235,8 @@ pub(crate) enum Step {
     /// Blocks its thread this long, deaf to cancellation (a handler that
     /// calls blocking code on the runtime), then succeeds.
     Block(Duration),
+    /// Takes this long, then fails transiently.
+    SlowTransient(Duration),
 }
 
 /// One handler call.
@@ -333,6 +335,10 @@ impl RecordHandler for Scripted {
                 self.hangs.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let _guard = HangGuard(self.hangs.clone());
                 std::future::pending().await
+            }
+            Step::SlowTransient(d) => {
+                tokio::time::sleep(d).await;
+                Err(HandlerError::transient(format!("scripted slow transient failure of {key}")))
             }
             Step::Block(d) => {
                 std::thread::sleep(d);

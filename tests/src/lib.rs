@@ -579,18 +579,13 @@ impl KafkaNode {
     }
 
     /// Freezes its JVM (SIGSTOP): connections stay open, nothing is
-    /// answered, and as a follower it replicates nothing, until [`resume`](Self::resume).
-    pub fn pause(&self) {
+    /// answered, and as a follower it replicates nothing, until the guard
+    /// is dropped (SIGCONT), a failing test included.
+    pub fn pause(&self) -> Paused {
         let Some(pid) = self.pid() else { panic!("Kafka node {} is not running", self.id) };
         let sent = Command::new("kill").arg("-STOP").arg(pid.to_string()).status().expect("kill runs");
         assert!(sent.success(), "cannot pause Kafka node {}", self.id);
-    }
-
-    /// Lets a paused JVM run again (SIGCONT).
-    pub fn resume(&self) {
-        let Some(pid) = self.pid() else { panic!("Kafka node {} is not running", self.id) };
-        let sent = Command::new("kill").arg("-CONT").arg(pid.to_string()).status().expect("kill runs");
-        assert!(sent.success(), "cannot resume Kafka node {}", self.id);
+        Paused(pid)
     }
 
     /// Stops its JVM gracefully (SIGTERM: a controlled shutdown, its
@@ -646,6 +641,16 @@ impl KafkaNode {
         if started.is_err() {
             panic!("Kafka node {} did not start within 120 s; see {}", self.id, log_path.display());
         }
+    }
+}
+
+/// A frozen Kafka node, running again when this is dropped.
+#[must_use = "the node runs again when this is dropped"]
+pub struct Paused(u32);
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg("-CONT").arg(self.0.to_string()).status();
     }
 }
 
