@@ -68,8 +68,9 @@ pub(crate) enum AfterFetch {
     Wait,
     /// Check the position against the log's range before going on.
     CheckPosition(Doubt),
-    /// The batch at the position is larger than a fetch may bring: fetch
-    /// again with more room.
+    /// The batch at the position is larger than a fetch may bring (part of
+    /// it came, or nothing though the log holds more): fetch again with
+    /// more room.
     Grow,
     /// Replace the partition's connection, then fetch again.
     Reconnect,
@@ -84,7 +85,11 @@ impl AfterFetch {
             FetchOutcome::Read { items, next_offset, end, cut } => {
                 if items > 0 || next_offset.is_some_and(|next| next > position) {
                     AfterFetch::Process
-                } else if cut {
+                } else if cut || (next_offset.is_none() && position < end) {
+                    // Nothing whole came though there is more to read: the
+                    // batch at the position is larger than the fetch may
+                    // bring (Kafka answers it whole, KIP-74; brokers that
+                    // store records, not batches, answer nothing).
                     AfterFetch::Grow
                 } else {
                     match Doubt::of_fetch(position, 0, end) {
@@ -207,6 +212,8 @@ mod tests {
         };
         check(5, read(3, Some(8), 8), AfterFetch::Process);
         check(5, read(0, None, 5), AfterFetch::Wait);
+        // Nothing came, though the log holds more.
+        check(5, read(0, None, 9), AfterFetch::Grow);
         // Only a transaction marker, aborted records or a compacted gap:
         // nothing to handle, but the position moves past them.
         check(5, read(0, Some(6), 6), AfterFetch::Process);
