@@ -41,6 +41,30 @@ async fn foreign_consume(topic: &str, n: usize) -> Vec<Value> {
         .collect()
 }
 
+/// Fences the source, stops the listener, checks that only the fence was
+/// handled and one record was undecodable, and returns the one dead letter.
+async fn the_only_dead_letter(
+    ladder: &Ladder,
+    listener: retry_kafka::Listener,
+    handler: &Scripted,
+) -> retry_kafka::WrittenRecord {
+    fence(ladder, 0, 1).await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    let keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
+    assert_eq!(keys, ["fence"], "only the fence reached the handler");
+    assert_eq!(stats.undecodable_records, 1, "{stats:?}");
+    let connection = integration::connection("kafka-retry-it-read");
+    let mut dead = retry_kafka::read_partition(&connection, ladder.dlq(), 0, 0).await.unwrap();
+    assert_eq!(dead.len(), 1, "one dead letter, got {dead:?}");
+    dead.remove(0)
+}
+
+/// A header's value as text.
+fn text(record: &retry_kafka::WrittenRecord, name: &str) -> String {
+    String::from_utf8_lossy(record.header(name).flatten().unwrap_or(b"<absent>")).into_owned()
+}
+
 /// The end of the source's partition 0: where a consumer that read
 /// everything, transaction markers included, stands.
 async fn log_end(topic: &str) -> i64 {
@@ -164,21 +188,12 @@ async fn a_record_whose_header_name_is_not_utf8_is_dead_lettered_as_it_is() {
     let record =
         raw::RawRecord { key: Some(b"odd".to_vec()), value: Some(b"payload".to_vec()), headers: headers.clone() };
     let offset = raw::produce(ladder.source(), 0, &[record]).await;
-    fence(&ladder, 0, 1).await;
-    let stats = listener.stats().snapshot();
-    listener.shutdown().await;
-    let keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
-    assert_eq!(keys, ["fence"], "the odd record never reached the handler");
-    assert_eq!(stats.undecodable_records, 1, "{stats:?}");
-
-    let connection = integration::connection("kafka-retry-it-read");
-    let dead = retry_kafka::read_partition(&connection, ladder.dlq(), 0, 0).await.unwrap();
-    let [dead] = &dead[..] else { panic!("one dead letter, got {dead:?}") };
+    let dead = &the_only_dead_letter(&ladder, listener, &handler).await;
     assert_eq!((dead.key.as_deref(), dead.value.as_deref()), (Some(&b"odd"[..]), Some(&b"payload"[..])));
     let written: Vec<(&[u8], Option<&[u8]>)> = headers.iter().map(|(n, v)| (&n[..], v.as_deref())).collect();
     let kept: Vec<(&[u8], Option<&[u8]>)> = dead.headers[..2].iter().map(|(n, v)| (&n[..], v.as_deref())).collect();
     assert_eq!(kept, written, "the record's headers, as written");
-    let text = |name: &str| String::from_utf8_lossy(dead.header(name).flatten().unwrap_or(b"<absent>")).into_owned();
+    let text = |name: &str| text(dead, name);
     assert_eq!(text("x-dead-letter-reason"), "undecodable");
     assert_eq!(text("x-original-offset"), offset.to_string());
     let error = text("x-error");
@@ -199,16 +214,8 @@ async fn a_batch_that_inflates_beyond_the_cap_is_dead_lettered_as_it_is_needs_ba
     let listener = start_joined_with(config, handler.clone()).await;
     let zeros = (20 << 20).to_string();
     foreign_produce(ladder.source(), "bomb", "", &["--zeros", &zeros, "--compression", "gzip"]).await;
-    fence(&ladder, 0, 1).await;
-    let stats = listener.stats().snapshot();
-    listener.shutdown().await;
-    let keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
-    assert_eq!(keys, ["fence"]);
-    assert_eq!(stats.undecodable_records, 1, "{stats:?}");
-    let connection = integration::connection("kafka-retry-it-read");
-    let dead = retry_kafka::read_partition(&connection, ladder.dlq(), 0, 0).await.unwrap();
-    let [dead] = &dead[..] else { panic!("one dead letter, got {dead:?}") };
-    let text = |name: &str| String::from_utf8_lossy(dead.header(name).flatten().unwrap_or(b"<absent>")).into_owned();
+    let dead = &the_only_dead_letter(&ladder, listener, &handler).await;
+    let text = |name: &str| text(dead, name);
     assert_eq!(text("x-dead-letter-reason"), "undecodable");
     assert!(text("x-error").contains("inflates beyond 2097152 bytes"), "{}", text("x-error"));
     let batch = dead.value.as_deref().expect("the batch as the value");
@@ -232,16 +239,8 @@ async fn mock_only_a_batch_that_fails_its_checksum_is_dead_lettered_as_it_is() {
         .collect();
     let batch = raw::corrupt(&records);
     let offset = raw::produce_batch(ladder.source(), 0, batch.clone()).await;
-    fence(&ladder, 0, 1).await;
-    let stats = listener.stats().snapshot();
-    listener.shutdown().await;
-    let keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
-    assert_eq!(keys, ["fence"]);
-    assert_eq!(stats.undecodable_records, 1, "{stats:?}");
-    let connection = integration::connection("kafka-retry-it-read");
-    let dead = retry_kafka::read_partition(&connection, ladder.dlq(), 0, 0).await.unwrap();
-    let [dead] = &dead[..] else { panic!("one dead letter, got {dead:?}") };
-    let text = |name: &str| String::from_utf8_lossy(dead.header(name).flatten().unwrap_or(b"<absent>")).into_owned();
+    let dead = &the_only_dead_letter(&ladder, listener, &handler).await;
+    let text = |name: &str| text(dead, name);
     assert_eq!(text("x-original-offset"), offset.to_string());
     let error = text("x-error");
     assert!(

@@ -374,7 +374,7 @@ fn next_sequence(base: i32, count: usize) -> i32 {
 /// One batch of `records` (all of one codec).
 fn encode(records: &[Outgoing], producer: Option<Sequenced>) -> Bytes {
     let codec = records.first().map_or(Codec::None, |r| r.codec);
-    let input: Vec<(NewRecord<'_>, Vec<(&[u8], Option<&[u8]>)>)> = records
+    let input: Vec<(NewRecord<'_>, batch::HeaderSlices<'_>)> = records
         .iter()
         .map(|r| {
             let headers = r.headers.iter().map(|h| (&h.name[..], h.value.as_deref())).collect();

@@ -655,16 +655,7 @@ impl<H: RecordHandler> Worker<H> {
             else {
                 unreachable!("an undecodable record is always dead-lettered")
             };
-            let headers = republished_headers(&raw_headers, &decided);
-            let record = Outgoing {
-                topic: target.to_string(),
-                source_partition: *partition,
-                key,
-                value,
-                headers,
-                timestamp: now,
-                codec,
-            };
+            let record = self.republication(&target, &raw_headers, &decided, key, value, now, codec);
             return Processed::Republish { record, dead_letter: true };
         }
 
@@ -737,17 +728,32 @@ impl<H: RecordHandler> Worker<H> {
                 (target, headers, true)
             }
         };
-        let headers = republished_headers(&raw_headers, &headers);
-        let record = Outgoing {
+        let record = self.republication(&target, &raw_headers, &headers, key, value, now, codec);
+        Processed::Republish { record, dead_letter }
+    }
+
+    /// The record that goes to `target`: the key and value as read, the
+    /// headers as read (`raw`) with ours as `decided`.
+    #[allow(clippy::too_many_arguments)]
+    fn republication(
+        &self,
+        target: &retry_core::TopicName,
+        raw: &[crate::protocol::batch::RawHeader],
+        decided: &retry_core::Headers,
+        key: Option<bytes::Bytes>,
+        value: Option<bytes::Bytes>,
+        now: Timestamp,
+        codec: crate::protocol::batch::Codec,
+    ) -> Outgoing {
+        Outgoing {
             topic: target.to_string(),
-            source_partition: *partition,
+            source_partition: self.tp.partition,
             key,
             value,
-            headers,
+            headers: republished_headers(raw, decided),
             timestamp: now,
             codec,
-        };
-        Processed::Republish { record, dead_letter }
+        }
     }
 
     /// Publishes what the outbox holds until the broker acknowledged all of

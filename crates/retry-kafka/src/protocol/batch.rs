@@ -485,6 +485,9 @@ fn varlong_len(v: i64) -> usize {
     (64 - z.max(1).leading_zeros() as usize).div_ceil(7).max(1)
 }
 
+/// A record's headers to write: names as bytes, values (`None`: null).
+pub(crate) type HeaderSlices<'a> = Vec<(&'a [u8], Option<&'a [u8]>)>;
+
 /// A record to write.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NewRecord<'a> {

@@ -14,7 +14,7 @@ struct Written {
 }
 
 fn encode_written(records: &[Written], codec: Codec, producer: Option<Sequenced>) -> Bytes {
-    let input: Vec<(NewRecord<'_>, Vec<(&[u8], Option<&[u8]>)>)> = records
+    let input: Vec<(NewRecord<'_>, HeaderSlices<'_>)> = records
         .iter()
         .map(|w| {
             let headers = w.headers.iter().map(|(n, v)| (n.as_slice(), v.as_deref())).collect();
@@ -176,7 +176,7 @@ fn decompression_is_capped() {
     // A megabyte of zeros compresses to almost nothing.
     let zeros = Written { key: None, value: Some(vec![0; 1 << 20]), timestamp: 0, headers: vec![] };
     for codec in [Codec::Gzip, Codec::Snappy, Codec::Lz4, Codec::Zstd] {
-        let bytes = encode_written(&[zeros.clone()], codec, None);
+        let bytes = encode_written(std::slice::from_ref(&zeros), codec, None);
         assert!(bytes.len() < 64 << 10, "{codec:?} compressed to {}", bytes.len());
         undecodable(bytes.clone(), 512 << 10, "inflates beyond 524288 bytes");
         let batches = decode_all(bytes, 2 << 20);
