@@ -251,3 +251,49 @@ async fn mock_only_a_batch_that_fails_its_checksum_is_dead_lettered_as_it_is() {
     // sets its base offset and leader epoch).
     assert_eq!(dead.value.as_ref().map(|v| v[17..].to_vec()), Some(batch[17..].to_vec()));
 }
+
+/// The last resort for a partition stalled on a record that cannot even be
+/// dead-lettered: with the service stopped, an operator moves the group past
+/// exactly that record, and an audit line says who skipped what and why.
+#[tokio::test]
+async fn an_operator_skips_exactly_one_record_with_an_audit_line() {
+    use crate::support::{billing_bin, produce};
+    let ladder = Ladder::create("skip", "100ms", 1).await;
+    for key in ["a", "stuck", "c"] {
+        produce(ladder.source(), 0, key, "{}", &[]).await;
+    }
+    let tp = retry_kafka::TopicPartition::new(ladder.source(), 0);
+    let mut offsets = retry_kafka::GroupOffsets::new(ladder.connection.clone(), &ladder.group_id);
+    offsets.commit(&std::collections::BTreeMap::from([(tp, 1)])).await.unwrap();
+    let skip = |offset: &'static str| {
+        let args = [
+            "offsets",
+            "skip",
+            "--group",
+            &ladder.group_id,
+            "--partition",
+            "0",
+            "--offset",
+            offset,
+            "--reason",
+            "TICKET-7",
+        ]
+        .map(str::to_owned);
+        let source = ladder.source().to_owned();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            billing_bin(&args, &[("BILLING_TOPIC", &source)], &[]).await
+        }
+    };
+    // Not where the group stands: nothing moves.
+    let refused = skip("2").await;
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(refused.stderr.contains("stands at offset 1") && refused.stderr.contains("nothing skipped"), "{refused:?}");
+    assert_eq!(committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0], Some(1));
+
+    let done = skip("1").await;
+    assert_eq!(done.code, Some(0), "{done:?}");
+    assert!(done.stdout.contains("now stands at 2"), "{done:?}");
+    assert!(done.stderr.contains("an operator skipped a record") && done.stderr.contains("TICKET-7"), "{done:?}");
+    assert_eq!(committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0], Some(2));
+}

@@ -363,6 +363,7 @@ pub(crate) async fn committed(
 }
 
 /// What `billing-bin topics verify` did.
+#[derive(Debug)]
 pub(crate) struct BillingBinRun {
     pub(crate) code: Option<i32>,
     pub(crate) stdout: String,
@@ -374,9 +375,15 @@ pub(crate) struct BillingBinRun {
 /// settings, less `remove`, then `env` on top (a fresh topic name, so it
 /// fails with exit 1 on missing topics once it reached the broker).
 pub(crate) async fn billing_bin_topics_verify(env: &[(&str, &str)], remove: &[&str]) -> BillingBinRun {
+    billing_bin(&["topics", "verify"], env, remove).await
+}
+
+/// Runs billing-bin with `args`, the suite's broker and security, a fresh
+/// source topic unless `env` names one, `env` and without `remove`.
+pub(crate) async fn billing_bin(args: &[&str], env: &[(&str, &str)], remove: &[&str]) -> BillingBinRun {
     let bin = std::env::var_os("BILLING_BIN").expect("BILLING_BIN is set by cargo xtask integration");
     let mut cmd = tokio::process::Command::new(bin);
-    cmd.args(["topics", "verify"])
+    cmd.args(args)
         .env_clear()
         .env("KAFKA_BROKERS", integration::broker_addr())
         .env("BILLING_TOPIC", unique_topic("billing"))
@@ -387,7 +394,7 @@ pub(crate) async fn billing_bin_topics_verify(env: &[(&str, &str)], remove: &[&s
     }
     cmd.envs(env.iter().copied());
     let started = std::time::Instant::now();
-    let out = within("billing-bin topics verify", cmd.output()).await.unwrap();
+    let out = within("billing-bin", cmd.output()).await.unwrap();
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     BillingBinRun {
         code: out.status.code(),

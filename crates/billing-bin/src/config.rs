@@ -40,6 +40,41 @@ pub(crate) enum Command {
     },
     /// Look at, replay or acknowledge dead letters, through a running service's operators' API.
     Dlq(DlqArgs),
+    /// Move a consumer group of the ladder past one record, with every
+    /// instance of the service stopped: the last resort for a partition
+    /// stalled on a record that cannot even be dead-lettered.
+    Offsets {
+        #[command(subcommand)]
+        action: OffsetsAction,
+    },
+}
+
+/// What `offsets` does.
+#[derive(Subcommand)]
+pub(crate) enum OffsetsAction {
+    /// Skip exactly the record at `--offset`: only when the group's position
+    /// on the partition is that offset; logs an audit line.
+    Skip(SkipArgs),
+}
+
+/// Which record to skip, and why.
+#[derive(Args)]
+pub(crate) struct SkipArgs {
+    /// The consumer group (the source's, or a rung's `<group>.retry-<label>`).
+    #[arg(long)]
+    pub(crate) group: String,
+    /// The topic the group consumes (default: the source topic, BILLING_TOPIC).
+    #[arg(long = "skip-topic")]
+    pub(crate) skip_topic: Option<String>,
+    /// The partition.
+    #[arg(long)]
+    pub(crate) partition: i32,
+    /// The offset of the record to skip: the group's position must be it.
+    #[arg(long)]
+    pub(crate) offset: i64,
+    /// Why, for the audit line (e.g. a ticket).
+    #[arg(long)]
+    pub(crate) reason: String,
 }
 
 /// The operators' token: `$ADMIN_TOKEN`, or the content of `file` (trailing

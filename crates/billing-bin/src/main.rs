@@ -27,7 +27,7 @@ use retry_core::{RetryPolicy, RetryTopology};
 use retry_kafka::{Created, CreatedTopic, Error as KafkaError, Listener, TopicPlan};
 use tracing::{error, info};
 
-use crate::config::{Cli, Command, KafkaArgs, RunArgs, TopicArgs, TopicsAction};
+use crate::config::{Cli, Command, KafkaArgs, OffsetsAction, RunArgs, SkipArgs, TopicArgs, TopicsAction};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -46,6 +46,7 @@ fn main() -> ExitCode {
             Some(Command::Topics { action: TopicsAction::Create(args) }) => create_topics(&cli.kafka, &args).await,
             Some(Command::Topics { action: TopicsAction::Verify }) => verify_topics(&cli.kafka).await,
             Some(Command::Dlq(args)) => dlq_cli::run(&cli.kafka, &args).await,
+            Some(Command::Offsets { action: OffsetsAction::Skip(args) }) => skip_offset(&cli.kafka, &args).await,
         }
     });
     match result {
@@ -188,6 +189,41 @@ async fn create_topics(kafka: &KafkaArgs, args: &TopicArgs) -> Result<(), Failur
             Created::AlreadyExists => println!("exists  {topic}"),
         }
     }
+    Ok(())
+}
+
+/// Moves `args.group` past the record at `args.offset`, only when that is
+/// where the group stands, and says so in an audit line.
+async fn skip_offset(kafka: &KafkaArgs, args: &SkipArgs) -> Result<(), Failure> {
+    let topic = args.skip_topic.as_deref().unwrap_or(&kafka.topic);
+    let tp = retry_kafka::TopicPartition::new(topic, args.partition);
+    let mut offsets = retry_kafka::GroupOffsets::new(kafka.connection()?, &args.group);
+    let committed = offsets.committed(std::slice::from_ref(&tp)).await?.get(&tp).copied().flatten();
+    if committed != Some(args.offset) {
+        let at = committed.map_or("nothing committed".to_owned(), |o| format!("offset {o}"));
+        return Err(Failure::Runtime(format!(
+            "group {} stands at {at} on {tp}, not at {}: nothing skipped",
+            args.group, args.offset
+        )));
+    }
+    let next = std::collections::BTreeMap::from([(tp.clone(), args.offset + 1)]);
+    offsets.commit(&next).await.map_err(|e| {
+        Failure::Runtime(format!(
+            "cannot move group {} (stop every instance of the service first: the broker refuses while the \
+             group has members): {e}",
+            args.group
+        ))
+    })?;
+    tracing::warn!(
+        audit = true,
+        group = %args.group,
+        %topic,
+        partition = args.partition,
+        offset = args.offset,
+        reason = %args.reason,
+        "an operator skipped a record: the group goes on after it"
+    );
+    println!("skipped {tp} offset {} for group {}: it now stands at {}", args.offset, args.group, args.offset + 1);
     Ok(())
 }
 
