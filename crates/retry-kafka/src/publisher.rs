@@ -36,6 +36,11 @@ pub(crate) struct Publisher {
     idempotence: tokio::sync::Mutex<Idempotence>,
     /// The next sequence number per target partition.
     sequences: Mutex<HashMap<(String, i32), i32>>,
+    /// Per target partition, the last request that got no acknowledgement,
+    /// by its bytes: it may be in the log. Only the same request may carry
+    /// its sequence numbers again; other records under them would be taken
+    /// for a duplicate of it and dropped by the broker.
+    unacknowledged: Mutex<HashMap<(String, i32), u64>>,
     max_request_bytes: usize,
     /// Produce requests split in two after the broker refused them as too large.
     splits: Arc<AtomicU64>,
@@ -155,6 +160,7 @@ impl Publisher {
             connections: Mutex::default(),
             idempotence: tokio::sync::Mutex::new(Idempotence::Unknown),
             sequences: Mutex::default(),
+            unacknowledged: Mutex::default(),
             max_request_bytes,
             splits,
         }
@@ -177,7 +183,12 @@ impl Publisher {
     /// (the usual case: topics are verified to have at least as many
     /// partitions), else the partition is chosen from the key like Kafka's
     /// default partitioner.
-    pub(crate) async fn publish_all(&self, outbox: &mut Vec<Outgoing>) -> Result<()> {
+    ///
+    /// Each target partition's requests run in a task of their own: a
+    /// connection shared by several partitions is never held by a caller
+    /// that stopped polling (a worker busy elsewhere), so no partition waits
+    /// on another's caller.
+    pub(crate) async fn publish_all(self: &Arc<Self>, outbox: &mut Vec<Outgoing>) -> Result<()> {
         let mut groups: BTreeMap<(String, i32), Vec<Outgoing>> = BTreeMap::new();
         let mut first_error = None;
         for record in outbox.drain(..) {
@@ -192,15 +203,17 @@ impl Publisher {
                 }
             }
         }
-        let mut sends = Vec::new();
+        let mut sends = tokio::task::JoinSet::new();
         for ((topic, partition), records) in groups {
             if partition < 0 {
                 outbox.extend(records); // no partition count: not sent
                 continue;
             }
-            sends.push(self.publish_partition(topic, partition, records));
+            let this = self.clone();
+            sends.spawn(async move { this.publish_partition(topic, partition, records).await });
         }
-        for (result, unsent) in futures_util::future::join_all(sends).await {
+        while let Some(joined) = sends.join_next().await {
+            let (result, unsent) = joined.expect("publish tasks do not panic");
             if let Err(e) = result {
                 first_error.get_or_insert(e);
                 outbox.extend(unsent);
@@ -255,15 +268,30 @@ impl Publisher {
                 Some(conn) if !conn.is_broken() => conn,
                 _ => slot.insert(Connection::connect(&leader, &self.config).await?),
             };
-            let identity = self.identity(conn).await?;
+            let mut identity = self.identity(conn).await?;
+            let mut batch = self.encode_for(&target, chunk, identity);
+            let fingerprint = fingerprint_of(&batch);
+            let other = self.unacknowledged.lock().expect("not poisoned").get(&target).is_some_and(|f| *f != fingerprint);
+            if identity.is_some() && other {
+                // Not the request that went unacknowledged (its records
+                // were abandoned and handled again, or cut otherwise): it
+                // may be in the log under these sequence numbers, so a new
+                // producer id, under which nothing is a duplicate of it.
+                tracing::info!(%topic, partition, "the records differ from an unacknowledged request's: starting a new producer id");
+                self.forget_identity().await;
+                identity = self.identity(conn).await?;
+                batch = self.encode_for(&target, chunk, identity);
+            }
+            let fingerprint = fingerprint_of(&batch);
             let base_sequence = self.sequences.lock().expect("not poisoned").get(&target).copied().unwrap_or(0);
-            let producer = identity.map(|id| Sequenced {
-                producer_id: id.producer_id,
-                producer_epoch: id.producer_epoch,
-                base_sequence,
-            });
-            let batch = encode(chunk, producer);
-            let written = produce::produce(conn, topic, partition, batch, self.config.request_timeout).await?;
+            let written = produce::produce(conn, topic, partition, batch, self.config.request_timeout)
+                .await
+                .inspect_err(|_| {
+                    if identity.is_some() {
+                        self.unacknowledged.lock().expect("not poisoned").insert(target.clone(), fingerprint);
+                    }
+                })?;
+            self.unacknowledged.lock().expect("not poisoned").remove(&target);
             if written == Written::Duplicate {
                 tracing::info!(%topic, partition, records = chunk.len(), "the broker had written these records already (a retried request): not written twice");
             }
@@ -283,8 +311,7 @@ impl Publisher {
                     | ResponseError::ProducerFenced => {
                         // The broker lost track of us: a new identity, sequences from 0.
                         tracing::warn!(%topic, partition, error = ?error, "the broker does not know the producer's sequence; starting a new producer id");
-                        *self.idempotence.lock().await = Idempotence::Unknown;
-                        self.sequences.lock().expect("not poisoned").clear();
+                        self.forget_identity().await;
                     }
                     _ => {
                         self.leaders.lock().expect("not poisoned").remove(&target);
@@ -299,6 +326,26 @@ impl Publisher {
             }
         }
         result
+    }
+
+    /// Drops the producer's identity: the next request asks for a new one,
+    /// and every partition's sequence starts again at 0.
+    async fn forget_identity(&self) {
+        *self.idempotence.lock().await = Idempotence::Unknown;
+        self.sequences.lock().expect("not poisoned").clear();
+        self.unacknowledged.lock().expect("not poisoned").clear();
+    }
+
+    /// `chunk` as one batch for `target`, with the producer's id and the
+    /// partition's next sequence number when idempotent.
+    fn encode_for(&self, target: &(String, i32), chunk: &[Outgoing], identity: Option<Identity>) -> Bytes {
+        let base_sequence = self.sequences.lock().expect("not poisoned").get(target).copied().unwrap_or(0);
+        let producer = identity.map(|id| Sequenced {
+            producer_id: id.producer_id,
+            producer_epoch: id.producer_epoch,
+            base_sequence,
+        });
+        encode(chunk, producer)
     }
 
     /// The producer's identity, asked of `conn`'s broker the first time;
@@ -364,6 +411,14 @@ impl Publisher {
             .filter(|n| *n > 0)
             .ok_or_else(|| Error::Config(format!("topic {topic} does not exist: create the ladder's topics first")))
     }
+}
+
+/// What tells one request's bytes from another's.
+fn fingerprint_of(batch: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    batch.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The sequence after `count` records from `base` (Kafka wraps at i32::MAX).

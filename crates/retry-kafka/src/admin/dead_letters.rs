@@ -258,7 +258,7 @@ pub struct DeadLetterAdmin {
     /// operators' group, whose offsets every instance commits
     /// (acknowledgements included) without being a member.
     lock_group: String,
-    publisher: Publisher,
+    publisher: Arc<Publisher>,
     /// The replay lock while this instance replays: commits go through its generation.
     lock: std::sync::Mutex<Option<Arc<ReplayLock>>>,
     /// This instance's name in the operators' group, for the others' refusals.
@@ -306,12 +306,12 @@ impl DeadLetterAdmin {
         groups: &LadderGroups,
     ) -> Self {
         DeadLetterAdmin {
-            publisher: Publisher::new(
+            publisher: Arc::new(Publisher::new(
                 cluster.clone(),
                 &connection,
                 crate::consumer::listener::DEFAULT_MAX_REQUEST_BYTES,
                 Default::default(),
-            ),
+            )),
             operators: Mutex::new(GroupClient::new(connection.clone(), groups.operators())),
             lock_group: groups.replay_lock().to_owned(),
             connection,

@@ -245,7 +245,7 @@ pub(crate) const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
 pub(crate) struct Shared<H> {
     pub(crate) config: ListenerConfig,
     pub(crate) cluster: Arc<Cluster>,
-    pub(crate) publisher: Publisher,
+    pub(crate) publisher: Arc<Publisher>,
     pub(crate) handler: Arc<H>,
     pub(crate) metrics: Metrics,
     /// How many group members received their first assignment.
@@ -318,12 +318,12 @@ impl Listener {
         let stats = Arc::new(ListenerStats::default());
         let metrics = Metrics::new(stats.clone());
         let shared = Arc::new(Shared {
-            publisher: Publisher::new(
+            publisher: Arc::new(Publisher::new(
                 cluster.clone(),
                 &config.connection,
                 config.publish_max_request_bytes,
                 stats.publish_splits.clone(),
-            ),
+            )),
             cluster,
             handler,
             members_joined: Default::default(),

@@ -64,9 +64,12 @@ pub(crate) fn highest_implemented(key: ApiKey) -> i16 {
         // addresses, all we read, and librdkafka's mock cluster appends a
         // stray byte to its flexible Metadata answers.
         ApiKey::Metadata => 8,
-        // v12+ are flexible versions, and some brokers put tagged fields in
-        // their responses that decoders reject; v11 has everything we read.
-        ApiKey::Fetch => 11,
+        // v10: from v11 on a consumer's fetch carries client metadata (a
+        // rack), and then any replica may answer it (KIP-392), a follower
+        // up to its own high watermark, without saying it no longer leads.
+        // Up to v10 only the leader answers; others say
+        // NOT_LEADER_OR_FOLLOWER and the reader finds the leader again.
+        ApiKey::Fetch => 10,
         ApiKey::DescribeConfigs => 4,
         // The last non-flexible version: record errors and messages, all we read.
         ApiKey::Produce => 8,
