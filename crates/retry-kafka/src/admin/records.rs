@@ -69,7 +69,7 @@ pub async fn read_partition(
                 Item::Record(_) => {}
                 Item::Undecodable { header, problem, .. } => {
                     return Err(Error::Protocol {
-                        addr: topic.to_owned(),
+                        addr: connection.bootstrap.join(","),
                         api: "Fetch",
                         reason: format!(
                             "the batch at {topic}/{partition}, offsets {} to {}, cannot be decoded: {problem}",

@@ -290,6 +290,7 @@ impl<H: RecordHandler> Worker<H> {
                 }
                 (AfterFetch::Wait, _) => {
                     backoff.reset();
+                    oversized = None;
                     if fetched_at.elapsed() < config.fetch_max_wait / 2
                         && self.drive(in_flight, self.pause(idle.next())).await != Some(false)
                     {
@@ -305,7 +306,7 @@ impl<H: RecordHandler> Worker<H> {
                     }
                     self.shared.metrics.count(|s| &s.fetch_failures);
                     if oversized.is_none() {
-                        tracing::error!(%topic, partition, offset, max_bytes, "the partition is stalled: the broker answers this offset with part of a batch larger than the decompression cap (raise max_batch_inflated_bytes, or skip the offset: see the operators' guide)");
+                        tracing::error!(%topic, partition, offset, max_bytes, "the partition is stalled: the broker answers this offset with part of a batch, or nothing, even at the decompression cap (raise the listener's max_batch_inflated, or, with the service stopped, move the group past this offset: `billing-bin offsets skip`)");
                         oversized = Some(Stall::new(&self.shared, &self.tp));
                     }
                     if self.pause(backoff.next()).await {
