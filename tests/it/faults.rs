@@ -140,24 +140,33 @@ fn redeliveries(deliveries: &BTreeMap<String, usize>) -> usize {
     deliveries.values().map(|n| n - 1).sum()
 }
 
-/// Produces `keys` one by one, `gap` apart, in a task of its own.
-fn produce_slowly(topic: String, partitions: i32, keys: Vec<String>, gap: Duration) -> tokio::task::JoinHandle<()> {
+/// Produces `keys` one by one to `partition`, `gap` apart, in a task of
+/// its own.
+fn produce_slowly(topic: String, partition: i32, keys: Vec<String>, gap: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        for (n, key) in keys.iter().enumerate() {
-            produce(&topic, n as i32 % partitions, key, "{}", &[]).await;
+        for key in &keys {
+            produce(&topic, partition, key, "{}", &[]).await;
             tokio::time::sleep(gap).await;
         }
     })
 }
 
-/// A broker that leads some partitions and coordinates some groups goes
-/// down for ten seconds while records flow, and comes back on the same
-/// port: the listener keeps running, reconnects and resumes, every record
-/// is handled, and the redeliveries stay few.
+/// The broker that coordinates every group of the listener and leads one
+/// source partition goes down for ten seconds, longer than the session,
+/// while records flow on the partitions the other brokers lead: the
+/// listener keeps handling them, loses its session, rejoins once the
+/// broker is back, and resumes after what it finished instead of handling
+/// it again; every record is handled, and the redeliveries stay few.
 #[tokio::test]
 async fn mock_only_a_broker_down_for_ten_seconds_loses_nothing() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("broker-down", "200ms", 3).await;
+    for (topic, group) in ladder.consumed() {
+        mock.set_group_coordinator(&group, 1).await;
+        for partition in 0..3 {
+            mock.set_leader(&topic, partition, partition + 1).await;
+        }
+    }
     let all = keys("k", 120);
     let script: Vec<(&str, &[Step])> = all.iter().step_by(7).map(|k| (k.as_str(), &[Step::Transient][..])).collect();
     let handler = Scripted::new(&script);
@@ -165,11 +174,20 @@ async fn mock_only_a_broker_down_for_ten_seconds_loses_nothing() {
 
     produce_keys(ladder.source(), 3, &all[..40]).await;
     wait_all_handled(&ladder, &handler, &all[..40]).await;
-    let producer = produce_slowly(ladder.source().to_owned(), 3, all[40..].to_vec(), Duration::from_millis(100));
+    // One producer per partition: the one whose leader is down waits for
+    // it, the others go on.
+    let producers: Vec<_> = (0..3)
+        .map(|partition| {
+            let keys: Vec<String> = all[40..].iter().skip(partition).step_by(3).cloned().collect();
+            produce_slowly(ladder.source().to_owned(), partition as i32, keys, Duration::from_millis(100))
+        })
+        .collect();
     mock.broker_down(1).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     mock.broker_up(1).await;
-    producer.await.expect("the producer finishes");
+    for producer in producers {
+        producer.await.expect("the producer finishes");
+    }
     let deliveries = wait_all_handled(&ladder, &handler, &all).await;
 
     let stats = listener.stats().snapshot();
@@ -177,6 +195,7 @@ async fn mock_only_a_broker_down_for_ten_seconds_loses_nothing() {
     eprintln!("broker down for 10 s: {redelivered} redeliveries from the source of {} records; {stats:?}", all.len());
     listener.shutdown().await;
     assert_eq!(stats.offset_resets, 0, "{stats:?}");
+    assert!(stats.commit_failures > 0 && stats.fetch_failures > 0, "the outage was not exercised: {stats:?}");
     assert!(redelivered <= all.len() / 5, "{redelivered} redeliveries: {deliveries:?}");
     let source = committed(&ladder.connection, &ladder.group_id, ladder.source(), 3).await;
     assert_eq!(source.values().map(|o| o.unwrap_or(0)).sum::<i64>(), all.len() as i64, "{source:?}");

@@ -251,7 +251,7 @@ impl<H: RecordHandler> Member<H> {
                     if let Err(e) = client.leave(&member_id).await {
                         tracing::debug!(group = %self.group_id, error = %e, "leaving the stale membership failed");
                     }
-                    self.forget(&mut member_id, &progress);
+                    self.forget(&mut member_id);
                     expectation = Expectation::Anything;
                     continue;
                 }
@@ -263,7 +263,7 @@ impl<H: RecordHandler> Member<H> {
                         }
                         AfterJoinError::RejoinAsNewMember => {
                             tracing::info!(group = %self.group_id, error = %e, "the coordinator forgot us; joining as a new member");
-                            self.forget(&mut member_id, &progress);
+                            self.forget(&mut member_id);
                             expectation = Expectation::Anything;
                             REJOIN_PAUSE
                         }
@@ -310,7 +310,7 @@ impl<H: RecordHandler> Member<H> {
                 }
                 End::Over => expectation = Expectation::NewerThan(generation_id),
                 End::RejoinAsNewMember => {
-                    self.forget(&mut member_id, &progress);
+                    self.forget(&mut member_id);
                     expectation = Expectation::Anything;
                 }
                 End::Recheck => expectation = Expectation::FollowerIn(generation_id),
@@ -332,12 +332,19 @@ impl<H: RecordHandler> Member<H> {
         }
     }
 
-    /// Joins as a new member next: the coordinator forgot `member_id`, and
-    /// the group may have run generations without us meanwhile, so what we
-    /// finished then says nothing of where a partition stands now.
-    fn forget(&self, member_id: &mut String, progress: &Progress) {
+    /// Joins as a new member next: the coordinator forgot `member_id`.
+    ///
+    /// What this member finished is kept: the group may have run
+    /// generations without us meanwhile, but generations are numbered for
+    /// the whole group, so [`position::resume_at`] uses it only when the
+    /// next assignment is the very next generation, which no other member
+    /// can have owned the partition in. A member whose coordinator was
+    /// down past its session (it handled records it could not commit)
+    /// resumes after them when the group has nothing newer; Kafka's
+    /// coordinator, which counts a generation when the group empties, makes
+    /// it start from the committed offsets instead.
+    fn forget(&self, member_id: &mut String) {
         member_id.clear();
-        progress.lock().expect("no panics while holding the lock").clear();
     }
 
     /// Another instance joined with our `group_instance_id`: two instances
