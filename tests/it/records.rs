@@ -200,6 +200,57 @@ async fn a_record_whose_header_name_is_not_utf8_is_dead_lettered_as_it_is() {
     assert!(error.contains("header 1 is not UTF-8") && error.contains("fffe6e616d65"), "{error}");
 }
 
+/// A record whose retry topic refuses it as too large (the rung's
+/// `max.message.bytes` is 4 KiB, the record 16 KiB of random text, which
+/// no codec shrinks enough) goes to the dead-letter topic instead, as it
+/// is, with the reason `too-large-for-retry`; the partition never stalls.
+/// On the mock cluster, which has no topic configs, the rung answers
+/// MESSAGE_TOO_LARGE once. Not on tansu, which takes records of any size.
+#[tokio::test]
+async fn a_record_too_large_for_its_retry_topic_is_dead_lettered_needs_message_limits() {
+    let ladder = match integration::MockCluster::from_env() {
+        Some(mock) => {
+            let ladder = Ladder::create("too-large", "100ms", 1).await;
+            mock.push_partition_errors(ladder.retry(0), 0, 0, &[10]).await; // Produce: MESSAGE_TOO_LARGE
+            ladder
+        }
+        None => {
+            let limit = |plan: retry_kafka::TopicPlan| {
+                plan.with_config(retry_kafka::TopicRole::Retry, "max.message.bytes", "4096")
+            };
+            Ladder::create_with("too-large", "100ms", 1, limit).await
+        }
+    };
+    let handler = Scripted::new(&[("big", &[Step::Transient])]);
+    let listener = start_joined(&ladder, handler.clone()).await;
+    let big: String = (0..8192).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+    foreign_produce(ladder.source(), "big", &big, &["--compression", "lz4"]).await;
+    foreign_produce(ladder.source(), "after", "{}", &[]).await;
+    fence(&ladder, 0, 1).await;
+    let ready = listener.is_ready();
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    assert!(ready, "stalled on a record the dead-letter topic takes");
+    assert_eq!((stats.dead_lettered, stats.retried), (1, 0), "{stats:?}");
+    let mut keys: Vec<String> = handler.calls().into_iter().map(|c| c.key).collect();
+    keys.sort();
+    assert_eq!(keys, ["after", "big", "fence"], "each handled once");
+    let connection = integration::connection("kafka-retry-it-read");
+    let dead = retry_kafka::read_partition(&connection, ladder.dlq(), 0, 0).await.unwrap();
+    assert_eq!(dead.len(), 1, "one dead letter, got {dead:?}");
+    let dead = &dead[0];
+    assert_eq!((dead.key.as_deref(), dead.value.as_deref()), (Some(&b"big"[..]), Some(big.as_bytes())));
+    assert_eq!(text(dead, "x-dead-letter-reason"), "too-large-for-retry");
+    assert_eq!(text(dead, "x-original-offset"), "0");
+    assert_eq!(text(dead, "x-retry-due-at"), "<absent>");
+    let error = text(dead, "x-error");
+    assert!(error.contains(ladder.retry(0)) && error.contains("too large"), "{error}");
+    let on_rung = retry_kafka::read_partition(&connection, ladder.retry(0), 0, 0).await.unwrap();
+    assert!(on_rung.is_empty(), "nothing on the rung: {on_rung:?}");
+    let source = committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await;
+    assert_eq!(source.values().map(|o| o.unwrap_or(0)).sum::<i64>(), 3, "{source:?}");
+}
+
 /// A batch that decompresses beyond the cap (here 2 MiB; a few kilobytes of
 /// gzip that inflate to 20 MiB) is never read into memory: it goes to the
 /// dead-letter topic as it is, its bytes the value, and the partition goes

@@ -33,12 +33,23 @@ pub(crate) struct Ladder {
 
 impl Ladder {
     pub(crate) async fn create(name: &str, schedule: &str, partitions: i32) -> Ladder {
+        Ladder::create_with(name, schedule, partitions, |plan| plan).await
+    }
+
+    /// [`Ladder::create`], its topics created by the plan `configure` makes
+    /// (topic configs; the mock cluster takes none).
+    pub(crate) async fn create_with(
+        name: &str,
+        schedule: &str,
+        partitions: i32,
+        configure: impl FnOnce(TopicPlan) -> TopicPlan,
+    ) -> Ladder {
         init_tracing();
         let source = unique_topic(name);
         let schedule: RetrySchedule = schedule.parse().unwrap();
         let topology = RetryTopology::new(&source, &schedule).unwrap();
         let connection = integration::connection("kafka-retry-it");
-        let plan = TopicPlan::new(topology.clone(), partitions);
+        let plan = configure(TopicPlan::new(topology.clone(), partitions));
         create_plan(&plan, &connection).await;
         Ladder {
             connection,

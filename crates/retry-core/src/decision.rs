@@ -364,6 +364,50 @@ impl RetryPolicy {
         candidate.min(now.saturating_add(delay.saturating_add(self.config.max_clock_skew)))
     }
 
+    /// Decides what happens to a record whose retry was decided (`retry`:
+    /// the headers of that [`Decision::Retry`]) but whose retry topic
+    /// refused it as too large (`problem` says how): the dead-letter topic,
+    /// `too-large-for-retry`, with `problem` before the last failure in
+    /// `x-error`; everything else the retry carried stays.
+    ///
+    /// ```
+    /// use retry_core::{DeadLetterReason, Decision, HandlerError, Headers, RecordMeta, RetryPolicy, RetryTopology, Stage, Timestamp};
+    ///
+    /// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+    /// let none = Headers::new();
+    /// let record = RecordMeta { topic: "orders", partition: 0, offset: 7, timestamp: None, headers: &none };
+    /// let now = Timestamp::from_millis(0);
+    /// let failed = Err(HandlerError::transient("provider answered 503"));
+    /// let Decision::Retry { headers: retry, .. } = policy.decide(Stage::SOURCE, &record, &failed, now) else { panic!() };
+    /// let Decision::DeadLetter { topic, reason, headers } = policy.too_large_for_retry(&retry, "refused: too large") else {
+    ///     panic!("always dead-lettered")
+    /// };
+    /// assert_eq!(topic.as_str(), "orders.dlq");
+    /// assert_eq!(reason, DeadLetterReason::TooLargeForRetry);
+    /// assert_eq!(headers.get("x-error"), Some(&b"refused: too large; last failure: provider answered 503"[..]));
+    /// assert_eq!(headers.get("x-retry-due-at"), None);
+    /// assert_eq!(headers.get("x-original-offset"), Some(&b"7"[..]));
+    /// ```
+    pub fn too_large_for_retry(&self, retry: &Headers, problem: &str) -> Decision {
+        let reason = DeadLetterReason::TooLargeForRetry;
+        match RetryHeaders::decode(retry) {
+            Ok(mut next) => {
+                let error = format!("{problem}; last failure: {}", next.error);
+                next.error = truncate_utf8(&error, MAX_ERROR_BYTES).to_owned();
+                self.dead_letter(reason, next, retry)
+            }
+            // Not headers of ours (a retry decision always carries them):
+            // the reason and the problem, on what there is.
+            Err(_) => {
+                let mut headers = retry.clone();
+                headers.remove(crate::header_names::DUE_AT);
+                headers.insert(crate::header_names::DEAD_LETTER_REASON, reason.as_str());
+                headers.insert(crate::header_names::ERROR, truncate_utf8(problem, MAX_ERROR_BYTES));
+                Decision::DeadLetter { topic: self.topology.dead_letter_topic().clone(), reason, headers }
+            }
+        }
+    }
+
     fn dead_letter(&self, reason: DeadLetterReason, mut next: RetryHeaders, original: &Headers) -> Decision {
         next.dead_letter_reason = Some(reason);
         next.due_at = None;

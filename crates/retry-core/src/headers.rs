@@ -172,7 +172,7 @@ impl From<Headers> for BTreeMap<String, Vec<u8>> {
 ///
 /// assert_eq!(DeadLetterReason::RetriesExhausted.as_str(), "retries-exhausted");
 /// assert_eq!(DeadLetterReason::DeadlineExceeded.to_string(), "deadline-exceeded");
-/// assert_eq!(DeadLetterReason::ALL.len(), 5);
+/// assert_eq!(DeadLetterReason::ALL.len(), 6);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -189,6 +189,11 @@ pub enum DeadLetterReason {
     /// UTF-8, a batch that cannot be decoded): dead-lettered as it is, the
     /// handler never called.
     Undecodable,
+    /// The record was to be retried, but its retry topic refused it as too
+    /// large (the topic's `max.message.bytes` is below the record's size
+    /// even compressed): dead-lettered instead, as it is, so the partition
+    /// goes on.
+    TooLargeForRetry,
 }
 
 impl DeadLetterReason {
@@ -200,16 +205,18 @@ impl DeadLetterReason {
             DeadLetterReason::DeadlineExceeded => "deadline-exceeded",
             DeadLetterReason::CorruptRetryHeaders => "corrupt-retry-headers",
             DeadLetterReason::Undecodable => "undecodable",
+            DeadLetterReason::TooLargeForRetry => "too-large-for-retry",
         }
     }
 
     /// Every reason.
-    pub const ALL: [DeadLetterReason; 5] = [
+    pub const ALL: [DeadLetterReason; 6] = [
         DeadLetterReason::PermanentFailure,
         DeadLetterReason::RetriesExhausted,
         DeadLetterReason::DeadlineExceeded,
         DeadLetterReason::CorruptRetryHeaders,
         DeadLetterReason::Undecodable,
+        DeadLetterReason::TooLargeForRetry,
     ];
 
     fn parse(s: &str) -> Option<Self> {

@@ -171,8 +171,11 @@ impl Publisher {
     /// after the other per target partition, target partitions
     /// concurrently); returns once the broker acknowledged them (acks=all).
     /// A request the broker refuses as too large is split in two and sent
-    /// again. Records acknowledged are removed from `outbox`; on error the
-    /// rest stay, for a later try, and the first error is returned.
+    /// again; a record it refuses alone as too large is taken out of
+    /// `outbox` and put in `refused` with the broker's answer, and the
+    /// records after it go on (the caller decides where it goes instead).
+    /// Records acknowledged are removed from `outbox`; on error the rest
+    /// stay, for a later try, and the first error is returned.
     ///
     /// Requests carry the producer's id and sequence numbers: a request
     /// tried again after its answer was lost is written once. A later call
@@ -188,7 +191,11 @@ impl Publisher {
     /// connection shared by several partitions is never held by a caller
     /// that stopped polling (a worker busy elsewhere), so no partition waits
     /// on another's caller.
-    pub(crate) async fn publish_all(self: &Arc<Self>, outbox: &mut Vec<Outgoing>) -> Result<()> {
+    pub(crate) async fn publish_all(
+        self: &Arc<Self>,
+        outbox: &mut Vec<Outgoing>,
+        refused: &mut Vec<(Outgoing, Error)>,
+    ) -> Result<()> {
         let mut groups: BTreeMap<(String, i32), Vec<Outgoing>> = BTreeMap::new();
         let mut first_error = None;
         for record in outbox.drain(..) {
@@ -213,7 +220,8 @@ impl Publisher {
             sends.spawn(async move { this.publish_partition(topic, partition, records).await });
         }
         while let Some(joined) = sends.join_next().await {
-            let (result, unsent) = joined.expect("publish tasks do not panic");
+            let (result, unsent, too_large) = joined.expect("publish tasks do not panic");
+            refused.extend(too_large);
             if let Err(e) = result {
                 first_error.get_or_insert(e);
                 outbox.extend(unsent);
@@ -226,13 +234,15 @@ impl Publisher {
     }
 
     /// Publishes `records` to `topic`/`partition` in order; on error, the
-    /// error and what was not acknowledged.
+    /// error and what was not acknowledged; in any case, the records the
+    /// broker refused alone as too large.
     async fn publish_partition(
         &self,
         topic: String,
         partition: i32,
         records: Vec<Outgoing>,
-    ) -> (Result<()>, Vec<Outgoing>) {
+    ) -> (Result<()>, Vec<Outgoing>, Vec<(Outgoing, Error)>) {
+        let mut refused = Vec::new();
         let mut queue: VecDeque<Vec<Outgoing>> = chunks(records, self.max_request_bytes).into();
         while let Some(chunk) = queue.pop_front() {
             let source = match self.send(&topic, partition, &chunk).await {
@@ -250,10 +260,16 @@ impl Publisher {
                 queue.push_front(first);
                 continue;
             }
+            if too_large {
+                tracing::warn!(%topic, partition, error = %source, "the broker refused a record alone as too large");
+                let record = chunk.into_iter().next().expect("a chunk holds a record");
+                refused.push((record, source));
+                continue;
+            }
             let unsent: Vec<Outgoing> = std::iter::once(chunk).chain(queue).flatten().collect();
-            return (Err(source), unsent);
+            return (Err(source), unsent, refused);
         }
-        (Ok(()), Vec::new())
+        (Ok(()), Vec::new(), refused)
     }
 
     /// Sends one produce request for `chunk` (records of one codec) to the

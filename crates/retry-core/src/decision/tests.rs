@@ -341,3 +341,34 @@ proptest! {
         prop_assert!(false, "the record neither committed nor dead-lettered");
     }
 }
+
+#[test]
+fn a_retry_its_topic_refused_goes_to_the_dead_letter_topic() {
+    let p = policy("5s,30s,5m", None);
+    let refused = "the retry topic o.retry-30s refused the record as too large";
+    #[track_caller]
+    fn check_refused(p: &RetryPolicy, retry: Headers, expected: &str) {
+        let refused = "the retry topic o.retry-30s refused the record as too large";
+        assert_eq!(render(&p.too_large_for_retry(&retry, refused)), expected);
+    }
+    // The retry a rung decided, as it would have been written.
+    check_refused(
+        &p,
+        with(on_rung(1), &[(names::ATTEMPT, Some("2")), (names::ERROR, Some("503 from provider"))]),
+        &format!("dead-letter o.dlq (too-large-for-retry): attempt 2 from o/2@7 first 950000 transient: {refused}; last failure: 503 from provider"),
+    );
+    // A replayed record keeps its count.
+    check_refused(
+        &p,
+        with(on_rung(0), &[(names::REPLAY_COUNT, Some("3"))]),
+        &format!("dead-letter o.dlq (too-large-for-retry): attempt 1 from o/2@7 first 950000 transient: {refused}; last failure: earlier (replayed 3)"),
+    );
+    // Headers not ours (never decided so): the reason and the problem on them.
+    let Decision::DeadLetter { reason, headers, .. } = p.too_large_for_retry(&headers(&[("k", "v")]), refused) else {
+        panic!("always dead-lettered")
+    };
+    assert_eq!(reason, DeadLetterReason::TooLargeForRetry);
+    assert_eq!(headers.get(names::DEAD_LETTER_REASON), Some(&b"too-large-for-retry"[..]));
+    assert_eq!(headers.get(names::ERROR), Some(refused.as_bytes()));
+    assert_eq!(headers.get("k"), Some(&b"v"[..]));
+}

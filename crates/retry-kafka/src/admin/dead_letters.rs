@@ -514,6 +514,21 @@ impl DeadLetterAdmin {
     }
 
     /// The operators' position on `partition`, as committed.
+    /// Publishes a replay page; a record the target refuses alone as too
+    /// large fails the page (it goes back first in `outbox`): a replay
+    /// sends every selected record or says which it could not.
+    async fn publish_page(&self, outbox: &mut Vec<Outgoing>) -> Result<()> {
+        let mut refused = Vec::new();
+        let published = self.publisher.publish_all(outbox, &mut refused).await;
+        match refused.into_iter().next() {
+            Some((record, e)) => {
+                outbox.insert(0, record);
+                Err(e)
+            }
+            None => published,
+        }
+    }
+
     async fn position(&self, operators: &mut GroupClient, partition: i32, earliest: i64) -> Result<OperatorsPosition> {
         let tp = TopicPartition::new(self.topic(), partition);
         let committed = operators.committed_with_metadata(std::slice::from_ref(&tp)).await?;
@@ -741,16 +756,18 @@ impl DeadLetterAdmin {
             // Nothing of a failed page is committed: none of it counts.
             let outbox_len = outbox.len();
             let mut tries = crate::backoff::pauses(PATIENCE_FIRST, PATIENCE_LONGEST);
-            let mut published = self.publisher.publish_all(&mut outbox).await;
+            let mut published = self.publish_page(&mut outbox).await;
             for _ in 1..PATIENCE_TRIES {
                 match &published {
                     Err(e)
-                        if crate::publisher::PublishFailure::of_error(e)
-                            != crate::publisher::PublishFailure::Refused =>
+                        if !matches!(
+                            crate::publisher::PublishFailure::of_error(e),
+                            crate::publisher::PublishFailure::Refused | crate::publisher::PublishFailure::TooLarge
+                        ) =>
                     {
                         tracing::warn!(partition = p.partition, error = %e, "replay: publishing a page failed, trying again");
                         tokio::time::sleep(tries.next()).await;
-                        published = self.publisher.publish_all(&mut outbox).await;
+                        published = self.publish_page(&mut outbox).await;
                     }
                     _ => break,
                 }

@@ -8,7 +8,7 @@ use retry_core::RetryTopology;
 use crate::{cluster::Cluster, protocol::create_topics, ConnectionConfig, Error, Result};
 
 /// A topic's part in the ladder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TopicRole {
     /// The topic producers write to.
     Source,
@@ -63,6 +63,8 @@ pub struct TopicPlan {
     replication_factor: i16,
     retry_retention: Duration,
     dead_letter_retention: Duration,
+    /// Configs set by [`TopicPlan::with_config`], per role.
+    configs: BTreeMap<(TopicRole, String), String>,
 }
 
 impl TopicPlan {
@@ -76,7 +78,28 @@ impl TopicPlan {
             replication_factor: 1,
             retry_retention: (longest * 4).max(Duration::from_secs(7 * 24 * 3600)),
             dead_letter_retention: Duration::from_secs(30 * 24 * 3600),
+            configs: BTreeMap::new(),
         }
+    }
+
+    /// Sets a topic config on every topic of `role` it creates, over the
+    /// plan's own (`retention.ms`): say `max.message.bytes` on the
+    /// dead-letter topic, above the retry topics' limit, so that a record
+    /// a retry topic refuses as too large still fits there.
+    ///
+    /// ```
+    /// use retry_kafka::{TopicPlan, TopicRole};
+    /// use retry_core::RetryTopology;
+    ///
+    /// let topology = RetryTopology::new("orders", &"5s,30s".parse().unwrap()).unwrap();
+    /// let plan = TopicPlan::new(topology, 3).with_config(TopicRole::DeadLetter, "max.message.bytes", "8388608");
+    /// let dlq = plan.specs().into_iter().find(|s| s.role == TopicRole::DeadLetter).unwrap();
+    /// assert_eq!(dlq.configs["max.message.bytes"], "8388608");
+    /// assert!(dlq.configs.contains_key("retention.ms"));
+    /// ```
+    pub fn with_config(mut self, role: TopicRole, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.configs.insert((role, name.into()), value.into());
+        self
     }
 
     /// Sets the replication factor of every topic.
@@ -88,12 +111,19 @@ impl TopicPlan {
     /// The topics, source first, with their settings.
     pub fn specs(&self) -> Vec<TopicSpec> {
         let retention = |d: Duration| BTreeMap::from([("retention.ms".to_owned(), d.as_millis().to_string())]);
-        let spec = |name: &str, role, configs| TopicSpec {
-            name: name.to_owned(),
-            role,
-            partitions: self.partitions,
-            replication_factor: self.replication_factor,
-            configs,
+        let spec = |name: &str, role, mut configs: BTreeMap<String, String>| {
+            for ((r, key), value) in &self.configs {
+                if *r == role {
+                    configs.insert(key.clone(), value.clone());
+                }
+            }
+            TopicSpec {
+                name: name.to_owned(),
+                role,
+                partitions: self.partitions,
+                replication_factor: self.replication_factor,
+                configs,
+            }
         };
         let mut specs = vec![spec(self.topology.source_topic().as_str(), TopicRole::Source, BTreeMap::new())];
         for (_, topic) in self.topology.retry_topics() {

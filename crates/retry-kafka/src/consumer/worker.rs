@@ -768,10 +768,16 @@ impl<H: RecordHandler> Worker<H> {
         let mut backoff = pauses(shared.config.publish_backoff_initial, shared.config.publish_backoff_max);
         let failing_since = tokio::time::Instant::now();
         let mut stall: Option<Stall> = None;
+        let mut refused = Vec::new();
         loop {
             let result = tokio::select! {
                 _ = self.signals.abandon.cancelled() => return false,
-                result = shared.publisher.publish_all(&mut outbox.records) => result,
+                result = shared.publisher.publish_all(&mut outbox.records, &mut refused) => result,
+            };
+            let result = match self.dead_letter_refused(outbox, &mut refused) {
+                Some(e) => Err(e),
+                None if !outbox.is_empty() && result.is_ok() => continue, // the dead letters of refused retries
+                None => result,
             };
             let Err(e) = result else { break };
             shared.metrics.publish_failed(outbox.records.first().map(|r| r.topic.as_str()));
@@ -804,6 +810,41 @@ impl<H: RecordHandler> Worker<H> {
         self.metrics.record_done(Outcome::DeadLetter, outbox.dead_letters);
         *outbox = Outbox::default();
         true
+    }
+
+    /// Sends the retries that their retry topic refused alone as too large
+    /// (`refused`, emptied) to the dead-letter topic instead, back in
+    /// `outbox`. A dead letter refused as too large cannot go anywhere: it
+    /// goes back as it was, and its refusal is returned (the partition
+    /// stalls on it until a topic's limit is raised, or an operator skips
+    /// it).
+    fn dead_letter_refused(
+        &self,
+        outbox: &mut Outbox,
+        refused: &mut Vec<(Outgoing, crate::Error)>,
+    ) -> Option<crate::Error> {
+        let policy = self.shared.config.policy();
+        let dead_letter_topic = policy.topology().dead_letter_topic().as_str();
+        let mut stuck = None;
+        for (mut record, e) in refused.drain(..) {
+            if record.topic == dead_letter_topic {
+                outbox.records.push(record);
+                stuck.get_or_insert(e);
+                continue;
+            }
+            let problem = format!("the retry topic {} refused the record as too large: {e}", record.topic);
+            let retry = valued_headers(&record.headers).unwrap_or_default().0;
+            let Decision::DeadLetter { topic, reason, headers } = policy.too_large_for_retry(&retry, &problem) else {
+                unreachable!("a record too large for its retry topic is always dead-lettered")
+            };
+            tracing::warn!(%problem, %reason, target = %topic, "dead-lettering a record its retry topic refused");
+            record.headers = republished_headers(&record.headers, &headers);
+            record.topic = topic.to_string();
+            outbox.records.push(record);
+            outbox.retries -= 1;
+            outbox.dead_letters += 1;
+        }
+        stuck
     }
 
     /// Runs the handler in a task of its own, so a panic is caught and a
