@@ -44,16 +44,25 @@ impl CommitTracker {
 
     /// Records that every record of `tp` before `next_offset` is done.
     pub(crate) fn done(&self, tp: &TopicPartition, next_offset: i64) {
+        // Keys are cloned only the first time a partition reports: this
+        // runs once per finished record.
         {
             let mut pending = self.pending.lock().expect("no panics while holding the lock");
-            let entry = pending.entry(tp.clone()).or_insert(next_offset);
-            *entry = (*entry).max(next_offset);
+            match pending.get_mut(tp) {
+                Some(offset) => *offset = (*offset).max(next_offset),
+                None => {
+                    pending.insert(tp.clone(), next_offset);
+                }
+            }
         }
         let mut progress = self.progress.lock().expect("no panics while holding the lock");
         let finished = Finished { offset: next_offset, generation: self.generation };
-        let entry = progress.entry(tp.clone()).or_insert(finished);
-        if entry.generation != self.generation || entry.offset < next_offset {
-            *entry = finished;
+        match progress.get_mut(tp) {
+            Some(entry) if entry.generation == self.generation && entry.offset >= next_offset => {}
+            Some(entry) => *entry = finished,
+            None => {
+                progress.insert(tp.clone(), finished);
+            }
         }
         drop(progress);
         let n = self.done_since_commit.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
