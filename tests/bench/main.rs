@@ -203,12 +203,19 @@ struct Bench {
     latency: Latency,
     handled: AtomicU64,
     first_handled: std::sync::OnceLock<Instant>,
+    /// How many calls make the scenario's records (one each without failures).
+    records: u64,
+    /// When the `records`-th call came.
+    all_handled: std::sync::OnceLock<Instant>,
 }
 
 impl RecordHandler for Bench {
     async fn handle(&self, record: ConsumedRecord) -> Result<(), HandlerError> {
         self.first_handled.get_or_init(Instant::now);
         let n = self.handled.fetch_add(1, Relaxed);
+        if n + 1 == self.records {
+            self.all_handled.get_or_init(Instant::now);
+        }
         let latency = self.latency.of(n);
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -238,6 +245,8 @@ async fn pipeline(
         latency,
         handled: AtomicU64::new(0),
         first_handled: std::sync::OnceLock::new(),
+        records: (records / partitions as usize * partitions as usize) as u64,
+        all_handled: std::sync::OnceLock::new(),
     });
     let started = Instant::now();
     let listener = Listener::start(config, handler.clone()).await.expect("listener");
@@ -256,13 +265,16 @@ async fn pipeline(
     }
     let first = *handler.first_handled.get().expect("records were handled");
     let elapsed = first.elapsed();
+    let all_handled = *handler.all_handled.get().expect("every record was handled");
     let join = first.duration_since(started);
     let stats = listener.stats().snapshot();
     listener.shutdown().await;
     let total = per_partition as usize * partitions as usize;
     format!(
-        "drain_per_s={:.0} join_ms={} handled={} retried={} publish_failures={}",
+        "drain_per_s={:.0} handled_per_s={:.0} commit_tail_ms={} join_ms={} handled={} retried={} publish_failures={}",
         rate(total, elapsed),
+        rate(total, all_handled.duration_since(first)),
+        (elapsed - all_handled.duration_since(first)).as_millis(),
         join.as_millis(),
         handler.handled.load(Relaxed),
         stats.retried,

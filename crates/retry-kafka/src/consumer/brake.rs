@@ -89,7 +89,15 @@ impl SharedBrake {
     /// brake may no longer hold it.
     pub(crate) async fn admit(&self, stop: &CancellationToken, held: bool) -> Option<Admitted<'_>> {
         let ticket = |run| Admitted::Run(Ticket { brake: self, run, started: now(), reported: false });
-        let Some(brake) = &self.brake else { return Some(ticket(Run::Usual)) };
+        // Without a brake, the start is never read: no clock read per record.
+        let Some(brake) = &self.brake else {
+            return Some(Admitted::Run(Ticket {
+                brake: self,
+                run: Run::Usual,
+                started: Timestamp::from_millis(0),
+                reported: false,
+            }));
+        };
         loop {
             // Registered before the state is read, so no wake-up is missed.
             let changed = self.changed.notified();

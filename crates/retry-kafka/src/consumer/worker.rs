@@ -646,8 +646,11 @@ impl<H: RecordHandler> Worker<H> {
         }
         let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers: &headers };
         let codec = shared.config.publish_compression.codec_for(codec);
-        let now = Timestamp::from(std::time::SystemTime::now());
+        // The clock is read only where a decision needs it: a record of the
+        // source that succeeds needs none.
+        let clock = || Timestamp::from(std::time::SystemTime::now());
         if let Some(problem) = poison {
+            let now = clock();
             // Nothing to hand to the handler: to the dead-letter topic as it is.
             shared.metrics.count(|s| &s.undecodable_records);
             tracing::error!(%problem, "dead-lettering what cannot be handled, as it is");
@@ -662,10 +665,12 @@ impl<H: RecordHandler> Worker<H> {
 
         // Retry rungs wait until the record is due; stopping ends the wait
         // and leaves the record to the partition's next owner.
-        let now = Timestamp::from(std::time::SystemTime::now());
-        let due = policy.due_at(self.stage, &meta, now);
-        if due > now && self.pause(now.until(due)).await {
-            return Processed::Left;
+        if self.stage.rung().is_some() {
+            let now = clock();
+            let due = policy.due_at(self.stage, &meta, now);
+            if due > now && self.pause(now.until(due)).await {
+                return Processed::Left;
+            }
         }
 
         // The handler takes the headers; a failure's decision reads them
@@ -699,7 +704,9 @@ impl<H: RecordHandler> Worker<H> {
             // Dropping the ticket unreported (abandoned) frees a probe's slot.
             let Some(outcome) = self.run_handler(record).await else { return Processed::Abandoned };
             shared.brake.finished(ticket, &outcome, self.stage);
-            let now = Timestamp::from(std::time::SystemTime::now());
+            // A success is committed, which needs no time: only a failure's
+            // decision (and its republication) reads the clock.
+            let now = if outcome.is_ok() { Timestamp::from_millis(0) } else { clock() };
             let decision = match &outcome {
                 Ok(()) => Decision::Commit,
                 Err(_) => {
@@ -857,13 +864,20 @@ impl<H: RecordHandler> Worker<H> {
         let handler = self.shared.handler.clone();
         let mut task = tokio::spawn(async move { handler.handle(record).await });
         let timeout = self.shared.config.handler_timeout;
-        let started = tokio::time::Instant::now();
+        // The timer's deadline says when the call started: one clock read
+        // fewer per record.
+        let expiry = tokio::time::sleep(timeout);
+        let started = expiry.deadline() - timeout;
         let result = tokio::select! {
+            // In this order: an abandon wins, and a call that ended counts
+            // as ended even when its time ran out meanwhile.
+            biased;
             _ = self.signals.abandon.cancelled() => {
                 self.abort(task).await;
                 return None;
             }
-            result = tokio::time::timeout(timeout, &mut task) => result,
+            result = &mut task => Ok(result),
+            _ = expiry => Err(()),
         };
         self.metrics.handler_took(started.elapsed());
         Some(match result {
