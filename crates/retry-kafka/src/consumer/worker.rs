@@ -437,12 +437,19 @@ impl<H: RecordHandler> Worker<H> {
                 key = tracing::field::Empty,
                 attempt = self.stage.attempt()
             );
-            // The key's text only for a span someone records.
-            if !span.is_disabled() {
+            // The key's text, and the span itself, only for a span someone
+            // records.
+            let recorded = !span.is_disabled();
+            if recorded {
                 let key = record.key.as_deref().map(|k| String::from_utf8_lossy(&k[..k.len().min(64)]).into_owned());
                 span.record("key", key.as_deref().unwrap_or(""));
             }
-            in_flight.running.push(Box::pin(async move { (offset, self.process(record).await) }.instrument(span)));
+            let handling = async move { (offset, self.process(record).await) };
+            if recorded {
+                in_flight.running.push(Box::pin(handling.instrument(span)));
+            } else {
+                in_flight.running.push(Box::pin(handling));
+            }
         }
     }
 
