@@ -184,14 +184,21 @@ fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
             rates.sort_by(f64::total_cmp);
             rates[rates.len() / 2]
         };
-        let mut rows = Vec::new();
-        for codec in ["none", "gzip", "snappy", "lz4", "zstd"] {
-            let mut drains = Vec::new();
-            let mut librdkafka = Vec::new();
-            let mut fetches = Vec::new();
-            for run in 0..RUNS {
+        const CODECS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
+        // Per codec: the pipeline's rates, librdkafka's and rskafka's (uncompressed only).
+        let mut drains: Vec<Vec<f64>> = vec![Vec::new(); CODECS.len()];
+        let (mut librdkafka, mut fetches) = (Vec::new(), Vec::new());
+        // A round not counted first: a broker just started serves its
+        // first fetches with cold code. Then the codecs take turns, run
+        // after run, so no codec gets the broker's warm-up alone.
+        for run in 0..=RUNS {
+            for (i, codec) in CODECS.into_iter().enumerate() {
                 let topic = format!("bench-{run_id}-codec-{codec}-{run}");
-                eprintln!("codec {codec}, run {run}: librdkafka fills {topic} with {n} records, the no-op pipeline drains it...");
+                let counted = run > 0;
+                eprintln!(
+                    "codec {codec}, run {run}{}: librdkafka fills {topic} with {n} records, the no-op pipeline drains it...",
+                    if counted { "" } else { " (warm-up, not counted)" }
+                );
                 bench(&["create", &topic, &p, "0"])?;
                 foreign(&[
                     "fill",
@@ -206,22 +213,35 @@ fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
                     "--compression",
                     codec,
                 ])?;
-                drains.push(bench(&["pipeline", &topic, &p, &n, "0", "0", "64"])?.get("handled_per_s")?);
-                if codec == "none" {
+                let drained = bench(&["pipeline", &topic, &p, &n, "0", "0", "64"])?.get("handled_per_s")?;
+                let (librdkafka_rate, fetch_rate) = if codec == "none" {
                     let drain = ["drain", "--brokers", &addr, "--topic", &topic, "--partitions", &p, "--records", &n];
-                    librdkafka.push(foreign(&drain)?.get("records_per_s")?);
-                    fetches.push(bench(&["fetch", &topic, &p, &n])?.get("fetch_per_s")?);
+                    (
+                        Some(foreign(&drain)?.get("records_per_s")?),
+                        Some(bench(&["fetch", &topic, &p, &n])?.get("fetch_per_s")?),
+                    )
+                } else {
+                    (None, None)
+                };
+                if counted {
+                    drains[i].push(drained);
+                    librdkafka.extend(librdkafka_rate);
+                    fetches.extend(fetch_rate);
                 }
             }
-            let extra = (codec == "none").then(|| (median(librdkafka), median(fetches)));
-            rows.push((codec, median(drains), extra));
+        }
+        let mut rows = Vec::new();
+        let mut extra = Some((median(librdkafka), median(fetches)));
+        for (codec, rates) in CODECS.into_iter().zip(drains) {
+            rows.push((codec, median(rates), extra.take()));
         }
         let (_, none_rate, Some((librdkafka_rate, fetch_rate))) = rows[0] else {
             bail!("the uncompressed row comes first")
         };
         println!();
         println!(
-            "On Apache Kafka (one broker), {n} records of about 170 bytes filled by librdkafka, median of {RUNS}:"
+            "On Apache Kafka (one broker, after a round not counted), {n} records of about 170 bytes filled by librdkafka, \
+             median of {RUNS} (the codecs take turns):"
         );
         println!("{:<52} {:>10} {:>22}", "scenario", "records/s", "relative");
         let pct = |a: f64, b: f64| format!("{:.0}%", 100.0 * a / b);
