@@ -167,18 +167,56 @@ fn peer_of(request: &Request) -> Option<SocketAddr> {
 
 /// One audit event per request, whatever became of it. Every value that
 /// comes from the request is written with `?`, which escapes quotes, line
-/// breaks and control characters, so no request can forge a log line.
+/// breaks and control characters, so no request can forge a log line. A
+/// request cut off before it answered (the request deadline, a client
+/// that left) is audited too, when it is dropped: what it did may have
+/// landed.
 async fn audit(request: Request, next: Next) -> Response {
     let peer = peer_of(&request);
-    let operator = who(request.headers(), peer);
-    let method = request.method().clone();
-    let route = request.uri().path().to_owned();
-    let query = request.uri().query().unwrap_or("").to_owned();
+    let mut event = AuditEvent {
+        operator: who(request.headers(), peer),
+        peer: peer.map(|p| p.to_string()),
+        method: request.method().clone(),
+        route: request.uri().path().to_owned(),
+        query: request.uri().query().unwrap_or("").to_owned(),
+        answered: false,
+    };
     let response = next.run(request).await;
     let outcome = response.extensions().get::<Outcome>().map(|o| o.0.clone()).unwrap_or_default();
-    info!(target: "audit", operator = ?operator, peer = ?peer.map(|p| p.to_string()), %method, route = ?route,
-          query = ?query, status = response.status().as_u16(), outcome = ?outcome, "operators' API request");
+    event.write(response.status().as_u16(), &outcome);
     response
+}
+
+/// A request's audit event, written once: when it answered, or when it
+/// was dropped unanswered.
+struct AuditEvent {
+    operator: String,
+    peer: Option<String>,
+    method: axum::http::Method,
+    route: String,
+    query: String,
+    answered: bool,
+}
+
+impl AuditEvent {
+    fn write(&mut self, status: u16, outcome: &str) {
+        self.answered = true;
+        let AuditEvent { operator, peer, method, route, query, .. } = &*self;
+        info!(target: "audit", operator = ?operator, peer = ?peer, %method, route = ?route,
+              query = ?query, status, outcome = ?outcome, "operators' API request");
+    }
+}
+
+impl Drop for AuditEvent {
+    fn drop(&mut self) {
+        if !self.answered {
+            // What the deadline answers (see `http::deadline`).
+            self.write(
+                503,
+                "cut off before it answered (the request deadline, or the client left): what it did may have landed",
+            );
+        }
+    }
 }
 
 /// The end of a replay job, as an audit event of its own.

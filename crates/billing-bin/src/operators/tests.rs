@@ -113,6 +113,10 @@ async fn start(gate: Option<Arc<Semaphore>>) -> Api {
 }
 
 async fn start_with(gate: Option<Arc<Semaphore>>, max_auth_failures: u32) -> Api {
+    start_limited(gate, max_auth_failures, Duration::from_secs(10)).await
+}
+
+async fn start_limited(gate: Option<Arc<Semaphore>>, max_auth_failures: u32, request_timeout: Duration) -> Api {
     let schedule: RetrySchedule = "5s,30s".parse().unwrap();
     let policy = RetryPolicy::new(RetryTopology::new("orders.confirmed", &schedule).unwrap(), Default::default());
     let operators = Operators::new(
@@ -123,11 +127,7 @@ async fn start_with(gate: Option<Arc<Semaphore>>, max_auth_failures: u32) -> Api
         AuthFailures::new(max_auth_failures, Duration::from_secs(60)),
     );
     let store = operators.store.clone();
-    let limits = HttpLimits {
-        header_read_timeout: Duration::from_secs(5),
-        request_timeout: Duration::from_secs(10),
-        max_connections: 16,
-    };
+    let limits = HttpLimits { header_read_timeout: Duration::from_secs(5), request_timeout, max_connections: 16 };
     let server =
         serve("OPERATOR_LISTEN", "127.0.0.1:0".parse().unwrap(), routes(Arc::new(operators)), limits).await.unwrap();
     Api { server, store, http: reqwest::Client::new() }
@@ -367,6 +367,28 @@ impl Write for Captured {
 /// The log of a refusal, a read, and a replay whose body and operator name
 /// carry forged log lines, in the pretty or the JSON format.
 fn audit_log_of_forgeries(json: bool) -> String {
+    captured_log(json, async {
+        let api = start(None).await;
+        let url = |path: &str| format!("http://{}{path}", api.server.addr());
+        api.call(Method::GET, "/admin/dlq", None, None).await;
+        api.call(Method::GET, "/admin/dlq", Some(TOKEN), None).await;
+        // Header values cannot hold a line break; a body can.
+        let response = api
+            .http
+            .post(url(&format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed&wait=true")))
+            .bearer_auth(TOKEN)
+            .header("x-operator", "mallory\\nINFO audit: operator=\"admin\" forged")
+            .body(r#"{"keys": ["a\nINFO forged key\r\n{\"level\":\"INFO\"}"], "override_loop_guard": true}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        api.server.stop().await;
+    })
+}
+
+/// What `scenario` logs, in the pretty or the JSON format.
+fn captured_log(json: bool, scenario: impl std::future::Future<Output = ()>) -> String {
     let captured = Captured::default();
     let writer = captured.clone();
     let builder = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone());
@@ -380,26 +402,7 @@ fn audit_log_of_forgeries(json: bool) -> String {
     // makes tracing ask every live dispatcher instead.
     static SECOND: OnceLock<tracing::Dispatch> = OnceLock::new();
     SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
-    tracing::subscriber::with_default(subscriber, || {
-        runtime.block_on(async {
-            let api = start(None).await;
-            let url = |path: &str| format!("http://{}{path}", api.server.addr());
-            api.call(Method::GET, "/admin/dlq", None, None).await;
-            api.call(Method::GET, "/admin/dlq", Some(TOKEN), None).await;
-            // Header values cannot hold a line break; a body can.
-            let response = api
-                .http
-                .post(url(&format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed&wait=true")))
-                .bearer_auth(TOKEN)
-                .header("x-operator", "mallory\\nINFO audit: operator=\"admin\" forged")
-                .body(r#"{"keys": ["a\nINFO forged key\r\n{\"level\":\"INFO\"}"], "override_loop_guard": true}"#)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(response.status(), StatusCode::OK);
-            api.server.stop().await;
-        })
-    });
+    tracing::subscriber::with_default(subscriber, || runtime.block_on(scenario));
     let bytes = captured.0.lock().unwrap().clone();
     String::from_utf8(bytes).unwrap()
 }
@@ -432,4 +435,24 @@ fn in_json_too_every_line_is_one_event_and_none_is_forged() {
     assert!(requests[2]["fields"]["outcome"].as_str().unwrap().contains("forged key"), "{}", requests[2]);
     assert!(events.iter().all(|e| e["target"] == "audit"), "{log}");
     assert_eq!(log.lines().filter(|l| l.contains("forged")).count(), 2, "{log}");
+}
+
+/// A request the deadline cuts off (here a replay that waits for its job,
+/// whose store never answers) is audited too, with the peer and what is
+/// known: it may have had its effect before it was cut off.
+#[test]
+fn a_request_cut_off_by_the_deadline_is_audited_with_its_peer() {
+    let log = captured_log(false, async {
+        let gate = Arc::new(Semaphore::new(0));
+        let api = start_limited(Some(gate), 5, Duration::from_millis(300)).await;
+        let path = format!("/admin/dlq/{DLQ}/replay?target_topic=orders.confirmed&wait=true");
+        let (status, _) = api.call(Method::POST, &path, Some(TOKEN), Some(r#"{"keys": ["a"]}"#)).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        api.server.stop().await;
+    });
+    let requests: Vec<&str> = log.lines().filter(|l| l.contains("operators' API request")).collect();
+    assert_eq!(requests.len(), 1, "{log}");
+    let line = requests[0];
+    assert!(line.contains("status=503") && line.contains("cut off"), "{line}");
+    assert!(line.contains("peer=Some(\"127.0.0.1:"), "{line}");
 }
