@@ -67,7 +67,9 @@ pub enum ChargeOutcome {
 /// (currency accepted, decimals, maximum amount); breaking one is
 /// permanent. Other failures are classified for the retry ladder: invalid
 /// events and 4xx answers are permanent; timeouts, connection failures and
-/// 408, 425, 429 and 5xx answers are transient.
+/// 408, 425, 429 and 5xx answers are transient, and so are 401, 403, 404,
+/// 405 and 407, which a wrong provider URL or credentials give to every
+/// order: an outage (the brake pauses on it), not the order's fault.
 #[derive(Debug, Clone)]
 pub struct ChargeHandler {
     client: reqwest::Client,
@@ -170,7 +172,7 @@ impl ChargeHandler {
         }
         // Other 1xx and 3xx (redirects are not followed) confirm nothing, and
         // a retry would get the same answer.
-        let kind = classify_http_status(status.as_u16()).unwrap_or(FailureKind::Permanent);
+        let kind = provider_status_kind(status.as_u16());
         let error = Error::ProviderAnswered { status: status.as_u16(), kind, body: body_excerpt(response).await };
         log_failure(&error, order_id, event_id);
         Err(error)
@@ -191,7 +193,7 @@ impl ChargeHandler {
             return Err(Error::UnknownKey { key });
         }
         if !status.is_success() {
-            let kind = classify_http_status(status.as_u16()).unwrap_or(FailureKind::Permanent);
+            let kind = provider_status_kind(status.as_u16());
             return Err(Error::ConfirmationAnswered {
                 key,
                 status: status.as_u16(),
@@ -258,6 +260,19 @@ impl RecordHandler for ChargeHandler {
         })?;
         self.charge(&event).await?;
         Ok(())
+    }
+}
+
+/// What an answer of the provider that is not a success means for a
+/// retry: [`classify_http_status`], except for the answers a wrong
+/// configuration gives to every order (401, 403, 404 on the charges
+/// endpoint, 405, 407: the provider's URL or credentials), which are
+/// transient: an outage of ours, which the outage brake pauses on, not a
+/// verdict on the order that would dead-letter every one of them.
+fn provider_status_kind(status: u16) -> FailureKind {
+    match status {
+        401 | 403 | 404 | 405 | 407 => FailureKind::Transient,
+        _ => classify_http_status(status).unwrap_or(FailureKind::Permanent),
     }
 }
 

@@ -174,8 +174,12 @@ async fn provider_answers() {
             answer(400, r#"{"error":"invalid amount"}"#),
             permanent(r#"billing provider answered 400 Bad Request: {"error":"invalid amount"}"#),
         ),
-        (answer(401, ""), permanent("billing provider answered 401 Unauthorized")),
-        (answer(404, "no such route"), permanent("billing provider answered 404 Not Found: no such route")),
+        // What a wrong URL or key answers for every order: an outage, not the order's fault.
+        (answer(401, ""), transient("billing provider answered 401 Unauthorized")),
+        (answer(403, ""), transient("billing provider answered 403 Forbidden")),
+        (answer(404, "no such route"), transient("billing provider answered 404 Not Found: no such route")),
+        (answer(405, ""), transient("billing provider answered 405 Method Not Allowed")),
+        (answer(402, "card declined"), permanent("billing provider answered 402 Payment Required: card declined")),
         (
             answer(422, "unknown customer"),
             permanent("billing provider answered 422 Unprocessable Entity: unknown customer"),
@@ -255,8 +259,14 @@ async fn conflicts_are_confirmed_with_the_provider() {
         ),
         (
             answer(403, ""),
-            Err(HandlerError::permanent(format!(
+            Err(HandlerError::transient(format!(
                 "billing provider answered 403 Forbidden when asked about idempotency key {EVENT_ID} after a 409"
+            ))),
+        ),
+        (
+            answer(410, ""),
+            Err(HandlerError::permanent(format!(
+                "billing provider answered 410 Gone when asked about idempotency key {EVENT_ID} after a 409"
             ))),
         ),
         (answer(200, &status_body(ORDER_ID, "120.50", "EUR", "done")), unreadable(r#"status "done" is none of succeeded, pending, failed"#)),
