@@ -124,7 +124,9 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     };
 
     let mut config = retry_kafka::ListenerConfig::new(connection, &args.group_id, policy)?;
-    config.handler_timeout = args.provider_timeout + args.provider_timeout / 2;
+    // A charge answered 409 makes a second call, its confirmation: the
+    // handler's time covers both.
+    config.handler_timeout = handler.time_needed();
     config.group_instance_id = args.group_instance_id.clone();
     config.session_timeout = args.session_timeout;
     // Kafka's advice: a third of the session, so two heartbeats may be late.

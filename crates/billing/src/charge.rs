@@ -116,6 +116,14 @@ impl ChargeHandler {
         Ok(ChargeHandler { client, charges_url, timeout: config.timeout, rules })
     }
 
+    /// How long one call of the handler may take: a charge answered 409
+    /// makes a second call (its confirmation), each within the provider's
+    /// timeout, and a margin. The listener's handler timeout is at least
+    /// this, or a slow provider's conflicts time out on every retry.
+    pub fn time_needed(&self) -> Duration {
+        self.timeout * 2 + self.timeout / 4
+    }
+
     /// Where charges go: `<base_url>/charges`.
     pub fn charges_url(&self) -> &str {
         self.charges_url.as_str()

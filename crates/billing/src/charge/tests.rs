@@ -45,6 +45,8 @@ fn record(value: Option<&[u8]>) -> ConsumedRecord {
 #[derive(Debug, Clone)]
 enum Answer {
     Status(u16, String),
+    /// Answers after a while.
+    Late(Duration, u16, String),
     /// Never answers.
     Hang,
 }
@@ -93,6 +95,10 @@ impl FakeProvider {
                 });
                 match answer {
                     Answer::Status(status, body) => (StatusCode::from_u16(status).unwrap(), body),
+                    Answer::Late(delay, status, body) => {
+                        tokio::time::sleep(delay).await;
+                        (StatusCode::from_u16(status).unwrap(), body)
+                    }
                     Answer::Hang => std::future::pending().await,
                 }
             }
@@ -432,4 +438,22 @@ fn provider_configs() {
         rules(),
     );
     assert!(matches!(zero, Err(Error::ZeroTimeout)), "{zero:?}");
+}
+
+/// A 409 makes two calls (the charge, then its confirmation), each within
+/// the provider's timeout: the time a call of the handler needs covers
+/// both, so a slow provider that answers each in time confirms the charge
+/// instead of timing the handler out, again on every retry.
+#[tokio::test]
+async fn a_conflict_confirmed_slowly_fits_in_the_time_a_call_needs() {
+    let timeout = Duration::from_millis(400);
+    let slow = Duration::from_millis(300);
+    let succeeded = status_body(ORDER_ID, "120.50", "EUR", "succeeded");
+    let provider =
+        FakeProvider::start_with(Answer::Late(slow, 409, String::new()), Answer::Late(slow, 200, succeeded)).await;
+    let handler = provider.handler("", timeout);
+    assert!(handler.time_needed() >= timeout * 2, "{:?}", handler.time_needed());
+    let call = handler.handle(record(Some(event_json("120.50").as_bytes())));
+    let outcome = tokio::time::timeout(handler.time_needed(), call).await;
+    assert_eq!(outcome, Ok(Ok(())), "within {:?}", handler.time_needed());
 }
