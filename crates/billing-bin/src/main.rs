@@ -115,6 +115,11 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
                 .await
                 .map_err(|e| Failure::Runtime(e.to_string()))?;
             info!(operators = %server.addr(), "operators' API listening (/admin)");
+            if !server.addr().ip().is_loopback() {
+                tracing::warn!(operators = %server.addr(), "the operators' API serves plain HTTP on an address other \
+                    hosts can reach: its token travels as it is; put a TLS-terminating proxy in front of it, or \
+                    listen on loopback (OPERATOR_LISTEN)");
+            }
             Some(server)
         }
         None => {

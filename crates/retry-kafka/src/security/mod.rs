@@ -209,6 +209,12 @@ impl Security {
         self.tls.as_ref().map(|t| &t.settings)
     }
 
+    /// Whether the SASL password travels as it is, readable on the network
+    /// (PLAIN without TLS): worth a warning where it is configured.
+    pub fn sends_password_in_clear(&self) -> bool {
+        self.sasl.as_ref().is_some_and(|c| c.mechanism == SaslMechanism::Plain) && self.tls.is_none()
+    }
+
     /// The rustls configuration every connection uses, if the protocol uses TLS.
     pub(crate) fn rustls_config(&self) -> Option<Arc<rustls::ClientConfig>> {
         self.tls.as_ref().map(|t| t.config.clone())
@@ -292,5 +298,17 @@ mod tests {
         refused(SaslPlaintext, Some(credentials(SaslMechanism::Plain, "u", "")), none, "password");
         assert!(Security::new(SaslPlaintext, Some(c()), TlsSettings::default()).is_ok());
         assert_eq!(Security::default().protocol(), SecurityProtocol::Plaintext);
+    }
+
+    #[test]
+    fn a_password_in_clear_is_told_apart() {
+        use SaslMechanism::*;
+        let security = |protocol, mechanism| {
+            Security::new(protocol, Some(credentials(mechanism, "u", "p")), TlsSettings::default()).unwrap()
+        };
+        assert!(security(SecurityProtocol::SaslPlaintext, Plain).sends_password_in_clear());
+        assert!(!security(SecurityProtocol::SaslPlaintext, ScramSha512).sends_password_in_clear());
+        assert!(!security(SecurityProtocol::SaslSsl, Plain).sends_password_in_clear());
+        assert!(!Security::default().sends_password_in_clear());
     }
 }

@@ -102,6 +102,12 @@ impl ConnectionSettings {
                  anyone holding a certificate from a trusted CA can pose as a broker"
             );
         }
+        if security.sends_password_in_clear() {
+            tracing::warn!(
+                "KAFKA_SASL_MECHANISM=PLAIN over SASL_PLAINTEXT: the password travels as it is, readable by anyone \
+                 on the network path to the brokers; use SASL_SSL, or SCRAM"
+            );
+        }
         ConnectionConfig::new(brokers, client_id)
             .map_err(|e| Error::Config(format!("KAFKA_BROKERS: {e}")))
             .map(|c| c.with_security(security))
