@@ -9,7 +9,7 @@
 //! position reaches them. A position only moves forwards: two positions
 //! merge into the furthest, with every record either has handled.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The most bytes of metadata a position writes: Kafka's default
 /// `offset.metadata.max.bytes` is 4096.
@@ -33,7 +33,11 @@ const METADATA_PREFIX: &str = "handled-above:";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OperatorsPosition {
     next: i64,
-    handled_above: BTreeSet<i64>,
+    /// The records handled above `next`, as ranges (first offset to last,
+    /// inclusive), disjoint and apart: what the metadata writes, so each
+    /// step costs the ranges, never the records (a replay of a million
+    /// records out of order is a million steps over one range).
+    handled_above: BTreeMap<i64, i64>,
 }
 
 /// A position cannot record one more record handled out of order: its
@@ -78,12 +82,13 @@ impl OperatorsPosition {
     /// How many records between the position and `end` (exclusive) are
     /// handled already.
     pub fn handled_above(&self, end: i64) -> usize {
-        self.handled_above.range(..end).count()
+        let counted: i64 = self.handled_above.range(..end).map(|(&first, &last)| last.min(end - 1) - first + 1).sum();
+        usize::try_from(counted).unwrap_or(usize::MAX)
     }
 
     /// Whether the record at `offset` was replayed or acknowledged.
     pub fn is_handled(&self, offset: i64) -> bool {
-        offset < self.next || self.handled_above.contains(&offset)
+        offset < self.next || self.handled_above.range(..=offset).next_back().is_some_and(|(_, &last)| last >= offset)
     }
 
     /// Records `offset` as handled; refused when the metadata would grow too
@@ -92,10 +97,11 @@ impl OperatorsPosition {
         if self.is_handled(offset) {
             return Ok(());
         }
-        self.handled_above.insert(offset);
+        let before = self.handled_above.clone();
+        insert_range(&mut self.handled_above, offset, offset);
         self.settle();
-        if self.metadata().len() > MAX_POSITION_METADATA_BYTES {
-            self.handled_above.remove(&offset);
+        if self.metadata_len() > MAX_POSITION_METADATA_BYTES {
+            self.handled_above = before;
             return Err(PositionFull { next: self.next });
         }
         Ok(())
@@ -112,10 +118,11 @@ impl OperatorsPosition {
     /// every record either handled. What a commit writes after reading the
     /// group's current position, so no concurrent acknowledgement is undone.
     pub fn merge(&self, other: &OperatorsPosition) -> OperatorsPosition {
-        let mut merged = OperatorsPosition {
-            next: self.next.max(other.next),
-            handled_above: self.handled_above.union(&other.handled_above).copied().collect(),
-        };
+        let mut merged =
+            OperatorsPosition { next: self.next.max(other.next), handled_above: self.handled_above.clone() };
+        for (&first, &last) in &other.handled_above {
+            insert_range(&mut merged.handled_above, first, last);
+        }
         merged.settle();
         merged
     }
@@ -124,54 +131,80 @@ impl OperatorsPosition {
     /// ranges (`handled-above:12,15-18`).
     pub fn metadata(&self) -> String {
         let mut out = String::from(METADATA_PREFIX);
-        let mut offsets = self.handled_above.iter().copied().peekable();
-        let mut first = true;
-        while let Some(start) = offsets.next() {
-            let mut end = start;
-            while offsets.peek() == Some(&(end + 1)) {
-                end += 1;
-                offsets.next();
-            }
-            if !first {
+        for (i, (&first, &last)) in self.handled_above.iter().enumerate() {
+            if i > 0 {
                 out.push(',');
             }
-            first = false;
-            if start == end {
-                out.push_str(&start.to_string());
+            if first == last {
+                out.push_str(&first.to_string());
             } else {
-                out.push_str(&format!("{start}-{end}"));
+                out.push_str(&format!("{first}-{last}"));
             }
         }
         out
     }
 
+    /// The length of [`OperatorsPosition::metadata`], without writing it.
+    fn metadata_len(&self) -> usize {
+        let digits = |n: i64| n.to_string().len();
+        let ranges: usize = self
+            .handled_above
+            .iter()
+            .map(|(&first, &last)| if first == last { digits(first) } else { digits(first) + 1 + digits(last) })
+            .sum();
+        METADATA_PREFIX.len() + ranges + self.handled_above.len().saturating_sub(1)
+    }
+
     /// Moves the position over the handled offsets that follow it, and
     /// forgets those below it.
     fn settle(&mut self) {
-        self.handled_above = self.handled_above.split_off(&self.next);
-        while self.handled_above.remove(&self.next) {
-            self.next += 1;
+        while let Some((&first, &last)) = self.handled_above.first_key_value() {
+            if first > self.next {
+                break;
+            }
+            self.handled_above.pop_first();
+            self.next = self.next.max(last.saturating_add(1));
         }
     }
 }
 
-fn parse_ranges(metadata: &str) -> Option<BTreeSet<i64>> {
+/// Adds `first..=last` to `ranges`, joining the ranges it touches or
+/// overlaps, so they stay disjoint and apart.
+fn insert_range(ranges: &mut BTreeMap<i64, i64>, mut first: i64, mut last: i64) {
+    // A range that starts at or before `first` and reaches it (or its
+    // neighbour) absorbs it.
+    if let Some((&start, &end)) = ranges.range(..=first).next_back() {
+        if end.saturating_add(1) >= first {
+            first = start;
+            last = last.max(end);
+            ranges.remove(&start);
+        }
+    }
+    // Ranges that start within it (or right after it) join it.
+    while let Some((&start, &end)) = ranges.range(first..=last.saturating_add(1)).next() {
+        last = last.max(end);
+        ranges.remove(&start);
+    }
+    ranges.insert(first, last);
+}
+
+fn parse_ranges(metadata: &str) -> Option<BTreeMap<i64, i64>> {
     let ranges = metadata.strip_prefix(METADATA_PREFIX)?;
-    let mut out = BTreeSet::new();
+    let mut out = BTreeMap::new();
     for range in ranges.split(',').filter(|r| !r.is_empty()) {
-        let (start, end) = match range.split_once('-') {
-            Some((start, end)) => (start.parse::<i64>().ok()?, end.parse::<i64>().ok()?),
+        let (first, last) = match range.split_once('-') {
+            Some((first, last)) => (first.parse::<i64>().ok()?, last.parse::<i64>().ok()?),
             None => {
                 let offset = range.parse::<i64>().ok()?;
                 (offset, offset)
             }
         };
-        // Our own metadata never holds more than its byte cap allows; a
-        // range this long is not ours.
-        if start < 0 || end < start || end - start > 1_000_000 {
+        // Ranges are kept as ranges, whatever their length: anything the
+        // writer writes, the reader reads.
+        if first < 0 || last < first {
             return None;
         }
-        out.extend(start..=end);
+        insert_range(&mut out, first, last);
     }
     Some(out)
 }
@@ -319,10 +352,49 @@ mod tests {
         };
         assert_eq!(refused, PositionFull { next: 0 });
         assert!(position.metadata().len() <= MAX_POSITION_METADATA_BYTES);
+        assert_eq!(position.metadata_len(), position.metadata().len());
         assert!(!position.is_handled(offset));
         // A neighbour of a recorded offset extends its range; it may still fit.
         let round_trip = OperatorsPosition::new(Some(0), Some(&position.metadata()), 0);
         assert_eq!(round_trip, position);
+    }
+
+    #[test]
+    fn ranges_join_whatever_the_order() {
+        let ranges = |steps: &[(i64, i64)]| {
+            let mut out = BTreeMap::new();
+            for &(first, last) in steps {
+                insert_range(&mut out, first, last);
+            }
+            out.into_iter().collect::<Vec<_>>()
+        };
+        assert_eq!(ranges(&[(5, 5), (7, 7), (6, 6)]), [(5, 7)]);
+        assert_eq!(ranges(&[(5, 5), (9, 9), (1, 20)]), [(1, 20)]);
+        assert_eq!(ranges(&[(10, 12), (1, 3), (4, 9)]), [(1, 12)]);
+        assert_eq!(ranges(&[(10, 12), (1, 3), (5, 8)]), [(1, 3), (5, 8), (10, 12)]);
+        assert_eq!(ranges(&[(1, 3), (2, 2), (3, 5)]), [(1, 5)]);
+        assert_eq!(ranges(&[(i64::MAX, i64::MAX), (i64::MAX - 1, i64::MAX - 1)]), [(i64::MAX - 1, i64::MAX)]);
+    }
+
+    /// 1.2 million records handled out of order, one by one, above a gap:
+    /// each step costs the ranges (one), and the metadata written is read
+    /// back as it was, however long its range.
+    #[test]
+    fn a_long_run_out_of_order_stays_one_range_and_reads_back() {
+        let mut position = OperatorsPosition::new(Some(0), None, 0);
+        for offset in (10..1_200_010).rev() {
+            position.handle(offset).unwrap();
+        }
+        assert_eq!(position.metadata(), "handled-above:10-1200009");
+        assert_eq!(position.handled_above(1_000_010), 1_000_000);
+        let read = OperatorsPosition::new(Some(0), Some(&position.metadata()), 0);
+        assert_eq!(read, position);
+        assert!(read.is_handled(1_100_000) && !read.is_handled(5) && !read.is_handled(1_200_010));
+        let mut closed = read.clone();
+        for offset in 0..10 {
+            closed.handle(offset).unwrap();
+        }
+        assert_eq!((closed.next(), closed.metadata().as_str()), (1_200_010, METADATA_PREFIX));
     }
 
     #[test]
