@@ -753,7 +753,10 @@ async fn slow_clients_of_the_operators_api_neither_exhaust_the_service_nor_block
     let during = descriptors();
     assert_eq!(service.get("/readyz").await, Some(200), "the probes answer while the operators' listener is full");
     assert!(before >= 1 && during > before, "the count sees the listener ({before}) and what it accepted ({during})");
-    assert!(during <= before + 16, "{before} descriptors on the operators' port before, {during} with 200 slow clients");
+    assert!(
+        during <= before + 16,
+        "{before} descriptors on the operators' port before, {during} with 200 slow clients"
+    );
     // Once the header deadline passed, the operators' API serves again.
     let url = format!("http://{}/admin/dlq", service.operators);
     let client = reqwest::Client::new();
