@@ -18,7 +18,7 @@ use retry_kafka::TopicPlan;
 use tokio::process::{Child, Command};
 use uuid::Uuid;
 
-use crate::support::{committed, eventually, header, produce, read_partition, SETTLE};
+use crate::support::{committed, eventually, header, produce, produce_at, read_partition, SETTLE};
 
 fn billing_bin() -> PathBuf {
     match std::env::var_os("BILLING_BIN") {
@@ -422,7 +422,10 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
     let (code, _, stderr) = setup.run(&["topics", "verify"], &[]).await;
     assert_eq!(code, 1, "{stderr}");
 
-    let bad: [(&str, &str, &str); 9] = [
+    let bad: [(&str, &str, &str); 12] = [
+        ("BILLING_START_AT", "yesterday", "BILLING_START_AT: start position \"yesterday\" is none of earliest, latest"),
+        ("BILLING_PROVIDER_IDEMPOTENCY_WINDOW", "30m", "must be longer than BILLING_PROVIDER_IDEMPOTENCY_MARGIN"),
+        ("BILLING_PROVIDER_IDEMPOTENCY_WINDOW", "a day", "BILLING_PROVIDER_IDEMPOTENCY_WINDOW"),
         ("BILLING_MAX_IN_FLIGHT", "0", "BILLING_MAX_IN_FLIGHT"),
         ("KAFKA_GROUP_INSTANCE_ID", "pod 1", "not a valid group.instance.id"),
         ("BILLING_MAX_IN_FLIGHT", "many", "--max-in-flight"),
@@ -726,6 +729,118 @@ async fn operators_replay_and_acknowledge_dead_letters_through_the_guarded_api()
     assert_eq!(provider.charges_for(&declined.to_string()).len(), 1);
 }
 
+/// Events older than the provider remembers its idempotency keys are
+/// never charged: a new group starts inside the window (the default
+/// BILLING_START_AT), so an event from before it is not even read; one that
+/// arrives late (a lagging partition) is dead-lettered with its reason,
+/// never sent to the provider; an operator's replay refuses it unless the
+/// window is overridden, and then it is charged once.
+#[tokio::test]
+async fn events_past_the_idempotency_window_are_dead_lettered_not_charged() {
+    use reqwest::Method;
+    let setup = Setup::new("billing-window");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let now = crate::support::chrono_now_millis();
+    let days = |n: i64| now - n * 24 * 3_600_000;
+    let (ancient, ancient_json) = event(r#""11.00""#);
+    let (recent, recent_json) = event(r#""12.00""#);
+    produce_at(&setup.topic, 0, &ancient.to_string(), &ancient_json, &[], days(3)).await;
+    produce(&setup.topic, 0, &recent.to_string(), &recent_json, &[]).await;
+    let service = setup.start_with(&provider, &[("ADMIN_TOKEN", TOKEN)]).await;
+    eventually("the recent event charged", SETTLE, || async {
+        (provider.charges_for(&recent.to_string()).len() == 1).then_some(())
+    })
+    .await;
+
+    // Two days old, and it arrives now: dead-lettered, never charged.
+    let (late, late_json) = event(r#""13.00""#);
+    produce_at(&setup.topic, 0, &late.to_string(), &late_json, &[], days(2)).await;
+    let (fence, fence_json) = event(r#""14.00""#);
+    produce(&setup.topic, 0, &fence.to_string(), &fence_json, &[]).await;
+    eventually("the fence charged", SETTLE, || async {
+        (provider.charges_for(&fence.to_string()).len() == 1).then_some(())
+    })
+    .await;
+    let dead = dead_letters(&setup).await;
+    // The ancient event came before, on the same partition: had it been
+    // read, it would be here first.
+    assert_eq!(dead.len(), 1, "only the late event: {dead:?}");
+    let (key, reason, error) = &dead[0];
+    assert_eq!((key.as_str(), reason.as_str()), (late.to_string().as_str(), "idempotency-window-passed"));
+    assert!(error.contains("first produced 48h") && error.contains("23h"), "{error}");
+    assert!(provider.charges_for(&late.to_string()).is_empty());
+    assert!(provider.charges_for(&ancient.to_string()).is_empty());
+
+    // Replayed, it is refused by the window unless an operator overrides it.
+    let dlq = setup.dlq();
+    let replay = format!("/admin/dlq/{dlq}/replay?target_topic={}&wait=true", setup.topic);
+    let (status, refused) = call(&service, Method::POST, &replay, Some(TOKEN), None).await;
+    assert_eq!((status, refused["report"]["replayed"].as_u64()), (200, Some(0)), "{refused}");
+    assert!(refused.to_string().contains("idempotency window"), "{refused}");
+    let overridden = Some(r#"{"override_idempotency_window": true}"#.to_owned());
+    let (status, done) = call(&service, Method::POST, &replay, Some(TOKEN), overridden).await;
+    assert_eq!((status, done["report"]["replayed"].as_u64()), (200, Some(1)), "{done}");
+    eventually("the overridden replay charged", SETTLE, || async {
+        (provider.charges_for(&late.to_string()).len() == 1).then_some(())
+    })
+    .await;
+    wait_drained(&setup).await;
+    service.stop().await;
+    assert_eq!(provider.charges_for(&late.to_string()).len(), 1);
+    assert!(provider.charges_for(&ancient.to_string()).is_empty());
+    assert_eq!(dead_letters(&setup).await.len(), 1, "the replay was charged, not dead-lettered again");
+}
+
+/// One order, one charge: the provider's idempotency key is the order id,
+/// so a second OrderConfirmed of the same order (a new event id) charges
+/// nothing more, and one with other terms is dead-lettered with the reason,
+/// never charged. A retried event carries the key and currency its first
+/// attempt used, through Kafka.
+#[tokio::test]
+async fn one_order_is_charged_once_whatever_events_confirm_it() {
+    let setup = Setup::new("billing-one-order");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let (order, customer) = (Uuid::new_v4(), Uuid::new_v4());
+    let confirmed = |amount: &str| {
+        let event = Uuid::new_v4();
+        format!(r#"{{"event_id":"{event}","order_id":"{order}","customer_id":"{customer}","total_amount":"{amount}"}}"#)
+    };
+    provider.script(&order.to_string(), Script::FailTimes { times: 1 });
+    let service = setup.start(&provider).await;
+    produce(&setup.topic, 0, &order.to_string(), &confirmed("25.00"), &[]).await;
+    eventually("the order charged", SETTLE, || async {
+        (provider.charges_for(&order.to_string()).len() == 1).then_some(())
+    })
+    .await;
+    let retried = read_partition(&setup.retry_topic(0), 0).await;
+    assert_eq!(retried.len(), 1, "the first attempt failed once");
+    assert_eq!(header(&retried[0].record, "billing-idempotency-key"), order.to_string());
+    assert_eq!(header(&retried[0].record, "billing-currency"), "EUR");
+
+    // Confirmed again, same terms, another event id: nothing more is charged.
+    produce(&setup.topic, 0, &order.to_string(), &confirmed("25.00"), &[]).await;
+    // Confirmed again with another amount: a person must look at it.
+    produce(&setup.topic, 0, &order.to_string(), &confirmed("30.00"), &[]).await;
+    eventually("the other terms dead-lettered", SETTLE, || async {
+        (dead_letters(&setup).await.len() == 1).then_some(())
+    })
+    .await;
+    wait_drained(&setup).await;
+    service.stop().await;
+    let dead = dead_letters(&setup).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].1, "permanent-failure");
+    assert!(dead[0].2.contains("already charged at the billing provider for other terms"), "{}", dead[0].2);
+    let charges = provider.charges_for(&order.to_string());
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(
+        (charges[0].idempotency_key.as_str(), charges[0].amount.as_str()),
+        (order.to_string().as_str(), "25.00")
+    );
+}
+
 /// Two hundred clients that never finish their headers on the operators'
 /// listener: the service holds at most its cap of them (its file
 /// descriptors stay bounded, for Kafka and the provider), cuts them off
@@ -971,6 +1086,7 @@ mod faults {
                         dead_letter_reason: Some(retry_core::DeadLetterReason::RetriesExhausted),
                         replay_count: 0,
                         first_timestamp: None,
+                        window_overridden_at: None,
                     }
                     .encode_into(&mut headers);
                     backlog_bytes += json.len();

@@ -101,12 +101,25 @@ impl Ladder {
 /// that moved under fault injection) refreshes the client's metadata and
 /// tries again, within [`BROKER_TIMEOUT`].
 pub(crate) async fn produce(topic: &str, partition: i32, key: &str, value: &str, headers: &[(&str, &[u8])]) -> i64 {
+    produce_at(topic, partition, key, value, headers, chrono_now_millis()).await
+}
+
+/// [`produce`] with the record's timestamp set to `timestamp` (ms since the
+/// epoch), as a producer that creates it does.
+pub(crate) async fn produce_at(
+    topic: &str,
+    partition: i32,
+    key: &str,
+    value: &str,
+    headers: &[(&str, &[u8])],
+    timestamp: i64,
+) -> i64 {
     let client = rskafka_client().await;
     let record = Record {
         key: Some(key.as_bytes().to_vec()),
         value: Some(value.as_bytes().to_vec()),
         headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_vec())).collect(),
-        timestamp: Utc.timestamp_millis_opt(chrono_now_millis()).unwrap(),
+        timestamp: Utc.timestamp_millis_opt(timestamp).unwrap(),
     };
     let attempt = || async {
         let pc = client.partition_client(topic, partition, UnknownTopicHandling::Retry).await?;
@@ -176,7 +189,7 @@ fn keyed_records(records: &[(String, String)]) -> Vec<Record> {
         .collect()
 }
 
-fn chrono_now_millis() -> i64 {
+pub(crate) fn chrono_now_millis() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 

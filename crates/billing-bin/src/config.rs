@@ -257,12 +257,24 @@ pub(crate) struct RunArgs {
     /// How long one call to the provider may take; longer is a transient failure.
     #[arg(long, env = "BILLING_PROVIDER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub(crate) provider_timeout: Duration,
-    /// How long the provider remembers an idempotency key (e.g. 24h): a
-    /// dead letter whose event is older is replayed only when the operator
-    /// overrides the idempotency window, since the provider might charge it
-    /// again. `off` when the provider never forgets.
+    /// How long the provider remembers an idempotency key (e.g. 24h): an
+    /// event first produced longer ago, less the margin, is dead-lettered
+    /// (idempotency-window-passed) instead of charged, and replayed only
+    /// when the operator overrides the idempotency window, since the
+    /// provider might charge it again. `off` when the provider never forgets.
     #[arg(long, env = "BILLING_PROVIDER_IDEMPOTENCY_WINDOW", default_value = "24h")]
     pub(crate) provider_idempotency_window: String,
+    /// How much of the idempotency window is kept as a margin: for the
+    /// clocks of the producer and the provider, and a charge's own time.
+    #[arg(long, env = "BILLING_PROVIDER_IDEMPOTENCY_MARGIN", default_value = "1h", value_parser = parse_duration)]
+    pub(crate) provider_idempotency_margin: Duration,
+    /// Where the source topic's group starts when it has no committed
+    /// offsets (a new or renamed BILLING_GROUP_ID, offsets expired):
+    /// `window` (events inside the idempotency window; the earliest when
+    /// the window is off), `earliest`, `latest`, `by_duration:<duration>`,
+    /// or a time (2026-12-01T00:00:00Z, or ms since the epoch).
+    #[arg(long, env = "BILLING_START_AT", default_value = "window")]
+    pub(crate) start_at: String,
     /// The ISO 4217 currencies charged in, comma-separated; the first is
     /// the currency of events that name none.
     #[arg(long, env = "BILLING_CURRENCIES", default_value = "EUR")]
@@ -426,17 +438,34 @@ impl RunArgs {
             .map_err(|e| Failure::Config(format!("BILLING_CURRENCIES and BILLING_MAX_AMOUNT: {e}")))
     }
 
-    /// The provider's idempotency window; `None` when it is `off`.
-    pub(crate) fn idempotency_window(&self) -> Result<Option<Duration>, Failure> {
-        match self.provider_idempotency_window.trim() {
-            "off" => Ok(None),
-            text => match parse_duration(text) {
-                Ok(window) if !window.is_zero() => Ok(Some(window)),
-                Ok(_) => Err(Failure::Config(
-                    "BILLING_PROVIDER_IDEMPOTENCY_WINDOW must be longer than zero, or `off`".into(),
-                )),
-                Err(e) => Err(Failure::Config(format!("BILLING_PROVIDER_IDEMPOTENCY_WINDOW: {e}"))),
-            },
+    /// The oldest an event may be and still be charged or replayed: the
+    /// provider's idempotency window less its margin; `None` when the
+    /// window is `off`.
+    pub(crate) fn max_event_age(&self) -> Result<Option<Duration>, Failure> {
+        let window = match self.provider_idempotency_window.trim() {
+            "off" => return Ok(None),
+            text => parse_duration(text)
+                .map_err(|e| Failure::Config(format!("BILLING_PROVIDER_IDEMPOTENCY_WINDOW: {e}")))?,
+        };
+        let margin = self.provider_idempotency_margin;
+        match window.checked_sub(margin) {
+            Some(age) if !age.is_zero() => Ok(Some(age)),
+            _ => Err(Failure::Config(format!(
+                "BILLING_PROVIDER_IDEMPOTENCY_WINDOW ({}) must be longer than BILLING_PROVIDER_IDEMPOTENCY_MARGIN \
+                 ({margin:?}), or `off`",
+                self.provider_idempotency_window.trim(),
+            ))),
+        }
+    }
+
+    /// Where the source topic's group starts without committed offsets.
+    pub(crate) fn start_at(&self, max_event_age: Option<Duration>) -> Result<retry_kafka::OffsetReset, Failure> {
+        match (self.start_at.trim(), max_event_age) {
+            ("window", Some(age)) => Ok(retry_kafka::OffsetReset::ByDuration(age)),
+            ("window", None) => Ok(retry_kafka::OffsetReset::Earliest),
+            (other, _) => {
+                other.parse().map_err(|e: retry_kafka::Error| Failure::Config(format!("BILLING_START_AT: {e}")))
+            }
         }
     }
 

@@ -88,7 +88,8 @@ fn topology(kafka: &KafkaArgs) -> Result<RetryTopology, Failure> {
 async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let provider = args.provider()?;
     let rules = args.charge_rules()?;
-    let idempotency_window = args.idempotency_window()?;
+    let max_event_age = args.max_event_age()?;
+    let start_at = args.start_at(max_event_age)?;
     let window = args.window()?;
     let brake = args.brake()?;
     let limits = args.http_limits()?;
@@ -97,7 +98,8 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let topology = topology(kafka)?;
     let handler = billing::ChargeHandler::new(provider, rules).map_err(|e| Failure::Config(e.to_string()))?;
 
-    let policy = RetryPolicy::new(topology, Default::default());
+    // An event older than the provider remembers its key is not charged.
+    let policy = RetryPolicy::new(topology, retry_core::PolicyConfig { max_event_age, ..Default::default() });
     // Health first, so an orchestrator sees the process while it connects.
     let admin = admin::serve(args.admin_listen, limits).await.map_err(|e| Failure::Runtime(e.to_string()))?;
     info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");
@@ -107,7 +109,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
                 .map_err(|e| Failure::Config(e.to_string()))?;
             let store = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups).await?;
             let failures = operators::AuthFailures::new(args.operator_max_auth_failures, Duration::from_secs(60));
-            let mut operators = operators::Operators::new(token, policy.clone(), store, idempotency_window, failures);
+            let mut operators = operators::Operators::new(token, policy.clone(), store, max_event_age, failures);
             // Answer before the request's own deadline cuts the wait short.
             operators.wait_limit = limits.request_timeout * 2 / 3;
             let routes = operators::routes(Arc::new(operators));
@@ -143,6 +145,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     config.publish_compression = args.publish_compression;
     config.window = window;
     config.brake = brake;
+    config.offset_reset = start_at;
     let groups: Vec<(String, String)> = config
         .groups()
         .consumed(config.policy().topology())

@@ -29,6 +29,16 @@ pub struct ProviderConfig {
     pub idle_connections: usize,
 }
 
+/// The header in which a record carries the idempotency key its first
+/// attempt charged under, from its first failure on: every later attempt
+/// and replay charges under the same key.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "billing-idempotency-key";
+
+/// The header in which a record carries the currency its first attempt
+/// charged in (an event that names none takes the service's default): a
+/// change of `BILLING_CURRENCIES` meanwhile cannot move it to another.
+pub const CURRENCY_HEADER: &str = "billing-currency";
+
 /// What a confirmed charge turned out to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ChargeOutcome {
@@ -47,21 +57,29 @@ pub enum ChargeOutcome {
 ///
 /// - `POST <base_url>/charges` with the JSON body `{"order_id",
 ///   "customer_id", "amount": "120.50", "currency": "EUR"}` and the header
-///   `Idempotency-Key: <event_id>`. A 2xx answer, and only that, means
-///   charged.
+///   `Idempotency-Key: <order_id>`. A 2xx answer, and only that, means
+///   charged. One order, one charge: the key is the order id, so a second
+///   `OrderConfirmed` of the same order (a new event id, a producer's
+///   retry) is answered 409 and charges nothing more.
 /// - A 409 means the key is known: already charged, still being processed,
 ///   or used for another charge. The handler then asks
-///   `GET <base_url>/charges/<event_id>`, whose 200 answer is
-///   `{"order_id", "amount", "currency", "status"}` with `status` one of
-///   `succeeded`, `pending` or `failed`:
-///   - `succeeded` for the same order, amount and currency is
+///   `GET <base_url>/charges/<order_id>`, whose 200 answer is
+///   `{"order_id", "customer_id", "amount", "currency", "status"}` with
+///   `status` one of `succeeded`, `pending` or `failed`:
+///   - `succeeded` for the same order, customer, amount and currency is
 ///     [`ChargeOutcome::AlreadyCharged`];
 ///   - `pending` and `failed` are transient: a retry finds the charge
 ///     settled, or charges anew once the failed attempt is over;
-///   - another order, amount or currency under the key is permanent: the
-///     key is not this event's to reuse;
+///   - another order, customer, amount or currency under the key is
+///     permanent ([`Error::KeyReused`]): the order was confirmed again
+///     with other terms, which needs a person, not a second charge;
 ///   - a 404 (the key is unknown although the charge was refused as a
 ///     conflict) is transient.
+///
+/// A record that failed carries its key and currency on
+/// ([`IDEMPOTENCY_KEY_HEADER`], [`CURRENCY_HEADER`]); a record that
+/// failed before without them (written by a version that keyed charges on
+/// the event id) is charged under its event id, as its first attempt was.
 ///
 /// Before anything is sent, the event must pass the [`ChargeRules`]
 /// (currency accepted, decimals, maximum amount); breaking one is
@@ -91,6 +109,7 @@ struct ChargeRequest<'a> {
 #[derive(Debug, Deserialize)]
 struct ChargeStatus {
     order_id: String,
+    customer_id: String,
     amount: String,
     currency: String,
     status: String,
@@ -134,27 +153,35 @@ impl ChargeHandler {
         &self.rules
     }
 
-    /// Charges `event.total_amount` for `event.order_id`, once per
-    /// `event.event_id`; checks the event's rules first.
+    /// Charges `event.total_amount` for `event.order_id`, once per order
+    /// (the idempotency key is the order id); checks the event's rules first.
     pub async fn charge(&self, event: &OrderConfirmedEvent) -> Result<ChargeOutcome> {
+        let money = self.money(event, None)?;
+        self.send(event, &money, &event.order_id.to_string()).await
+    }
+
+    /// What `event` is charged: its amount in its currency, or in
+    /// `resolved` (what its first attempt charged in) when it names none,
+    /// or else the default; checked against the rules.
+    fn money(&self, event: &OrderConfirmedEvent, resolved: Option<Currency>) -> Result<Money> {
         event.validate().map_err(|errors| Error::InvalidEvent(InvalidEvent::from_validation_errors(errors)))?;
         let (order_id, event_id) = (event.order_id, event.event_id);
-        let money = self.rules.check(event.total_amount, event.currency).inspect_err(|broken| {
+        Ok(self.rules.check(event.total_amount, event.currency.or(resolved)).inspect_err(|broken| {
             tracing::error!(%order_id, %event_id, error = %broken, "charge refused by the business rules");
-        })?;
+        })?)
+    }
+
+    /// Sends the charge of `money` for `event` under idempotency key `key`.
+    async fn send(&self, event: &OrderConfirmedEvent, money: &Money, key: &str) -> Result<ChargeOutcome> {
+        let (order_id, event_id) = (event.order_id, event.event_id);
         let request = ChargeRequest {
             order_id: event.order_id,
             customer_id: event.customer_id,
             amount: &money.amount,
             currency: money.currency,
         };
-        let sent = self
-            .client
-            .post(self.charges_url.clone())
-            .header("Idempotency-Key", event.event_id.to_string())
-            .json(&request)
-            .send()
-            .await;
+        let sent =
+            self.client.post(self.charges_url.clone()).header("Idempotency-Key", key).json(&request).send().await;
         let response = match sent {
             Ok(response) => response,
             Err(error) => {
@@ -171,7 +198,7 @@ impl ChargeHandler {
             return Ok(ChargeOutcome::Charged);
         }
         if status == StatusCode::CONFLICT {
-            let outcome = self.confirm(event, &money).await;
+            let outcome = self.confirm(event, money, key).await;
             match &outcome {
                 Ok(_) => tracing::info!(%order_id, %event_id, "already charged under this idempotency key"),
                 Err(error) => log_failure(error, order_id, event_id),
@@ -186,10 +213,10 @@ impl ChargeHandler {
         Err(error)
     }
 
-    /// After a 409: asks the provider what its charge under the event's
-    /// idempotency key is, and whether it is this event's.
-    async fn confirm(&self, event: &OrderConfirmedEvent, money: &Money) -> Result<ChargeOutcome> {
-        let key = event.event_id.to_string();
+    /// After a 409: asks the provider what its charge under idempotency key
+    /// `key` is, and whether it is this event's.
+    async fn confirm(&self, event: &OrderConfirmedEvent, money: &Money, key: &str) -> Result<ChargeOutcome> {
+        let key = key.to_owned();
         let mut url = self.charges_url.clone();
         url.path_segments_mut().expect("the charges URL is a base URL").push(&key);
         let response = match self.client.get(url.clone()).send().await {
@@ -215,18 +242,23 @@ impl ChargeHandler {
             unreadable(format!("{e}: {}", excerpt(&String::from_utf8_lossy(&body), MAX_ERROR_BODY_BYTES)))
         })?;
         let same_order = theirs.order_id.parse::<Uuid>().is_ok_and(|id| id == event.order_id);
+        let same_customer = theirs.customer_id.parse::<Uuid>().is_ok_and(|id| id == event.customer_id);
         let same_amount = theirs.amount.parse::<Decimal>().is_ok_and(|amount| amount == event.total_amount);
-        if !(same_order && same_amount && theirs.currency == money.currency.code()) {
+        if !(same_order && same_customer && same_amount && theirs.currency == money.currency.code()) {
             let quote = |text: &str| excerpt(text, 64);
             return Err(Error::KeyReused {
                 key,
                 theirs: format!(
-                    "order {} for {} {}",
+                    "order {} of customer {} for {} {}",
                     quote(&theirs.order_id),
+                    quote(&theirs.customer_id),
                     quote(&theirs.amount),
                     quote(&theirs.currency)
                 ),
-                ours: format!("order {} for {} {}", event.order_id, money.amount, money.currency),
+                ours: format!(
+                    "order {} of customer {} for {} {}",
+                    event.order_id, event.customer_id, money.amount, money.currency
+                ),
             });
         }
         match theirs.status.as_str() {
@@ -266,9 +298,51 @@ impl RecordHandler for ChargeHandler {
             );
             Error::InvalidEvent(invalid)
         })?;
-        self.charge(&event).await?;
+        let (key, resolved) = terms_of(&event, &record)?;
+        let money = self.money(&event, resolved)?;
+        // From its first failure on, the record carries what this attempt
+        // charged under and in: later attempts charge the same.
+        let carry = |error: Error| {
+            HandlerError::from(error)
+                .with_header(IDEMPOTENCY_KEY_HEADER, key.as_bytes())
+                .with_header(CURRENCY_HEADER, money.currency.code())
+        };
+        self.send(&event, &money, &key).await.map_err(carry)?;
         Ok(())
     }
+}
+
+/// The idempotency key and the resolved currency a record's charge uses:
+/// what an earlier attempt carried in its headers, else the order id (an
+/// event id for a record that failed before without them: an earlier
+/// version's key) and no currency (the event's own or the default).
+/// Headers that cannot be read are a permanent failure: charging under
+/// another key or currency than the first attempt could charge twice.
+fn terms_of(event: &OrderConfirmedEvent, record: &ConsumedRecord) -> Result<(String, Option<Currency>)> {
+    let text = |name: &'static str| {
+        record
+            .headers
+            .get(name)
+            .map(|v| {
+                std::str::from_utf8(v).ok().filter(|t| !t.trim().is_empty() && t.len() <= 128).ok_or_else(|| {
+                    Error::BadCarriedHeader { header: name, value: excerpt(&String::from_utf8_lossy(v), 64) }
+                })
+            })
+            .transpose()
+    };
+    let failed_before = record.attempt > 1 || record.headers.get(retry_core::header_names::REPLAY_COUNT).is_some();
+    let key = match text(IDEMPOTENCY_KEY_HEADER)? {
+        Some(key) => key.to_owned(),
+        None if failed_before => event.event_id.to_string(),
+        None => event.order_id.to_string(),
+    };
+    let currency = text(CURRENCY_HEADER)?
+        .map(|code| {
+            code.parse::<Currency>()
+                .map_err(|_| Error::BadCarriedHeader { header: CURRENCY_HEADER, value: excerpt(code, 64) })
+        })
+        .transpose()?;
+    Ok((key, currency))
 }
 
 /// What an answer of the provider that is not a success means for a

@@ -60,7 +60,7 @@ pub enum Error {
     /// idempotency key is still being processed.
     #[error("billing provider is still processing an earlier charge under idempotency key {key}: retry later")]
     ChargePending {
-        /// The idempotency key (the event id).
+        /// The idempotency key (the order id).
         key: String,
     },
 
@@ -68,15 +68,16 @@ pub enum Error {
     /// idempotency key failed: a retry charges anew.
     #[error("an earlier charge under idempotency key {key} failed at the billing provider: retry to charge again")]
     EarlierChargeFailed {
-        /// The idempotency key (the event id).
+        /// The idempotency key (the order id).
         key: String,
     },
 
-    /// After a 409, the provider's charge under the event's idempotency key
-    /// is for another order, amount or currency.
-    #[error("idempotency key {key} belongs to another charge at the billing provider ({theirs}), not to this event's ({ours}): not charged")]
+    /// After a 409, the provider's charge under the idempotency key is for
+    /// another order, customer, amount or currency: the order was confirmed
+    /// again with other terms (or its key reused), which a person must look at.
+    #[error("idempotency key {key} is already charged at the billing provider for other terms ({theirs}) than this event's ({ours}): not charged again")]
     KeyReused {
-        /// The idempotency key (the event id).
+        /// The idempotency key (the order id).
         key: String,
         /// The provider's charge under it.
         theirs: String,
@@ -84,17 +85,28 @@ pub enum Error {
         ours: String,
     },
 
+    /// A header an earlier attempt wrote (its idempotency key, its
+    /// currency) cannot be read: charging under another key or currency
+    /// could charge twice.
+    #[error("the record's {header} header {value:?} cannot be read: not charged, since another key or currency than its first attempt's could charge twice")]
+    BadCarriedHeader {
+        /// The header.
+        header: &'static str,
+        /// The start of its value.
+        value: String,
+    },
+
     /// After a 409, the provider does not know the idempotency key.
     #[error("billing provider refused the charge as a conflict but does not know idempotency key {key}: retry later")]
     UnknownKey {
-        /// The idempotency key (the event id).
+        /// The idempotency key (the order id).
         key: String,
     },
 
     /// After a 409, asking the provider about the key failed.
     #[error("billing provider answered {} when asked about idempotency key {key} after a 409{}", status_line(*status), body_suffix(body))]
     ConfirmationAnswered {
-        /// The idempotency key (the event id).
+        /// The idempotency key (the order id).
         key: String,
         /// The HTTP status code of the `GET`.
         status: u16,
@@ -108,7 +120,7 @@ pub enum Error {
     /// status as the contract has it.
     #[error("billing provider's answer about idempotency key {key} is not a charge status: {reason}")]
     UnreadableConfirmation {
-        /// The idempotency key (the event id).
+        /// The idempotency key (the order id).
         key: String,
         /// What is wrong with it.
         reason: String,
@@ -166,6 +178,7 @@ impl Error {
             Error::InvalidEvent(_)
             | Error::RuleBroken(_)
             | Error::KeyReused { .. }
+            | Error::BadCarriedHeader { .. }
             | Error::UnreadableConfirmation { .. }
             | Error::InvalidProviderUrl { .. }
             | Error::ZeroTimeout

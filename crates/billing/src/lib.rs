@@ -43,7 +43,9 @@ mod currency;
 mod error;
 mod event;
 
-pub use charge::{ChargeHandler, ChargeOutcome, ProviderConfig, MAX_ERROR_BODY_BYTES};
+pub use charge::{
+    ChargeHandler, ChargeOutcome, ProviderConfig, CURRENCY_HEADER, IDEMPOTENCY_KEY_HEADER, MAX_ERROR_BODY_BYTES,
+};
 pub use currency::{ChargeRules, Currency, MaxAmount, Money, RuleBroken};
 pub use error::{Error, Result};
 pub use event::{InvalidEvent, OrderConfirmedEvent};

@@ -165,12 +165,19 @@ pub struct PolicyConfig {
     /// How much later than its rung's delay a record may become due, to allow
     /// for clocks of different hosts; bounds the harm of a bad `x-retry-due-at`.
     pub max_clock_skew: Duration,
+    /// The oldest an event may be and still be handled: the downstream's
+    /// idempotency window less a safety margin. A record whose event was
+    /// first produced this long ago or longer is dead-lettered
+    /// (`idempotency-window-passed`) before its handler is called, unless an
+    /// operator replayed it overriding the window (see [`RetryPolicy::admit`]).
+    /// `None`: events of any age are handled.
+    pub max_event_age: Option<Duration>,
 }
 
 impl Default for PolicyConfig {
-    /// No deadline; 1 s of clock skew.
+    /// No deadline; 1 s of clock skew; events of any age.
     fn default() -> Self {
-        PolicyConfig { deadline: None, max_clock_skew: Duration::from_secs(1) }
+        PolicyConfig { deadline: None, max_clock_skew: Duration::from_secs(1), max_event_age: None }
     }
 }
 
@@ -256,6 +263,18 @@ impl RetryPolicy {
             Ok(()) => return Decision::Commit,
             Err(error) => error,
         };
+        // The record's headers, with those the failure attached.
+        let attached;
+        let record_headers = if error.attached_headers().is_empty() {
+            record.headers
+        } else {
+            let mut headers = record.headers.clone();
+            for (name, value) in error.attached_headers().iter() {
+                headers.insert(name, value);
+            }
+            attached = headers;
+            &attached
+        };
         let failed_attempts = stage.attempt();
         let mut next = match stage.rung() {
             // The ladder begins here. A replayed record carries its replay
@@ -274,6 +293,7 @@ impl RetryPolicy {
                 dead_letter_reason: None,
                 replay_count: RetryHeaders::decode_replay_count(record.headers).unwrap_or(0),
                 first_timestamp: RetryHeaders::decode_first_timestamp(record.headers).unwrap_or(None),
+                window_overridden_at: RetryHeaders::decode_window_overridden_at(record.headers).unwrap_or(None),
             },
             Some(_) => match previous_headers(stage, record.headers) {
                 Ok(previous) => {
@@ -294,8 +314,9 @@ impl RetryPolicy {
                         dead_letter_reason: None,
                         replay_count: 0,
                         first_timestamp: None,
+                        window_overridden_at: None,
                     };
-                    return self.dead_letter(DeadLetterReason::CorruptRetryHeaders, headers, record.headers);
+                    return self.dead_letter(DeadLetterReason::CorruptRetryHeaders, headers, record_headers);
                 }
             },
         };
@@ -303,20 +324,20 @@ impl RetryPolicy {
         next.error = truncate_utf8(error.message(), MAX_ERROR_BYTES).to_owned();
 
         if error.kind() == FailureKind::Permanent {
-            return self.dead_letter(DeadLetterReason::PermanentFailure, next, record.headers);
+            return self.dead_letter(DeadLetterReason::PermanentFailure, next, record_headers);
         }
         let next_rung = stage.rung().map_or(0, |rung| rung + 1);
         let Some((rung, topic)) = self.topology.retry_topics().nth(next_rung) else {
-            return self.dead_letter(DeadLetterReason::RetriesExhausted, next, record.headers);
+            return self.dead_letter(DeadLetterReason::RetriesExhausted, next, record_headers);
         };
         let due_at = now.saturating_add(rung.delay());
         if let Some(deadline) = self.config.deadline {
             if due_at > next.first_failure_at.saturating_add(deadline) {
-                return self.dead_letter(DeadLetterReason::DeadlineExceeded, next, record.headers);
+                return self.dead_letter(DeadLetterReason::DeadlineExceeded, next, record_headers);
             }
         }
         next.due_at = Some(due_at);
-        Decision::Retry { topic: topic.clone(), due_at, headers: with_retry_headers(record.headers, &next) }
+        Decision::Retry { topic: topic.clone(), due_at, headers: with_retry_headers(record_headers, &next) }
     }
 
     /// Decides what happens to what was read at `stage` but cannot be handed
@@ -341,10 +362,82 @@ impl RetryPolicy {
     /// assert_eq!(headers.get("x-original-offset"), Some(&b"7"[..]));
     /// ```
     pub fn undecodable(&self, stage: Stage, record: &RecordMeta<'_>, problem: &str, now: Timestamp) -> Decision {
+        self.dead_letter_before_handling(stage, record, problem, now, DeadLetterReason::Undecodable)
+    }
+
+    /// Whether a record read at `stage` may be handed to its handler at
+    /// `now`: `None` when it may; the dead-letter decision
+    /// (`idempotency-window-passed`, the age in `x-error`) when its event was
+    /// first produced [`PolicyConfig::max_event_age`] ago or longer, since
+    /// the downstream may have forgotten its idempotency key and would act
+    /// on it twice. Call it before each call of the handler: a record that
+    /// waited (its rung's delay, a brake) may have aged past it meanwhile.
+    ///
+    /// The event's age counts from its first record before any replay
+    /// (`x-first-timestamp`), else the timestamp of its original record (on
+    /// the source, the record's own), else its first failure. A record of
+    /// unknown age (no timestamp, retry headers that cannot be decoded) is handed
+    /// to its handler, and so is one an operator replayed overriding the
+    /// window (`x-idempotency-window-overridden-at`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use retry_core::{DeadLetterReason, Decision, Headers, PolicyConfig, RecordMeta, RetryPolicy, RetryTopology, Stage, Timestamp};
+    ///
+    /// let day = Duration::from_secs(24 * 3600);
+    /// let config = PolicyConfig { max_event_age: Some(day), ..Default::default() };
+    /// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), config);
+    /// let none = Headers::new();
+    /// let produced = Timestamp::from_millis(1_000);
+    /// let record = RecordMeta { topic: "orders", partition: 0, offset: 7, timestamp: Some(produced), headers: &none };
+    /// assert_eq!(policy.admit(Stage::SOURCE, &record, produced.saturating_add(day / 2)), None);
+    /// let Some(Decision::DeadLetter { reason, .. }) = policy.admit(Stage::SOURCE, &record, produced.saturating_add(day)) else {
+    ///     panic!("an event as old as the window is not handled")
+    /// };
+    /// assert_eq!(reason, DeadLetterReason::IdempotencyWindowPassed);
+    /// ```
+    pub fn admit(&self, stage: Stage, record: &RecordMeta<'_>, now: Timestamp) -> Option<Decision> {
+        let max_age = self.config.max_event_age?;
+        let (first_seen, overridden) = match stage.rung() {
+            None => (
+                RetryHeaders::decode_first_timestamp(record.headers).ok().flatten().or(record.timestamp),
+                RetryHeaders::decode_window_overridden_at(record.headers).ok().flatten(),
+            ),
+            Some(_) => match RetryHeaders::decode(record.headers) {
+                Ok(ours) => (Some(ours.first_seen()), ours.window_overridden_at),
+                Err(_) => return None,
+            },
+        };
+        if overridden.is_some() {
+            return None;
+        }
+        let age = Duration::from_millis(now.as_millis().saturating_sub(first_seen?.as_millis()).max(0) as u64);
+        if age < max_age {
+            return None;
+        }
+        let problem = format!(
+            "first produced {} ago, past the {} the downstream is trusted to remember its idempotency key: \
+             not handled, since it could act twice; an operator may replay it overriding the idempotency window",
+            crate::replay::roughly(age),
+            crate::schedule::label_of(max_age)
+        );
+        Some(self.dead_letter_before_handling(stage, record, &problem, now, DeadLetterReason::IdempotencyWindowPassed))
+    }
+
+    /// The dead-letter decision for a record not handed to its handler:
+    /// `reason`, with `problem` in `x-error`, whatever the rung.
+    fn dead_letter_before_handling(
+        &self,
+        stage: Stage,
+        record: &RecordMeta<'_>,
+        problem: &str,
+        now: Timestamp,
+        reason: DeadLetterReason,
+    ) -> Decision {
         match self.decide(stage, record, &Err(HandlerError::permanent(problem)), now) {
             Decision::DeadLetter { topic, reason: DeadLetterReason::PermanentFailure, mut headers } => {
-                headers.insert(crate::header_names::DEAD_LETTER_REASON, DeadLetterReason::Undecodable.as_str());
-                Decision::DeadLetter { topic, reason: DeadLetterReason::Undecodable, headers }
+                headers.insert(crate::header_names::DEAD_LETTER_REASON, reason.as_str());
+                Decision::DeadLetter { topic, reason, headers }
             }
             other => other,
         }

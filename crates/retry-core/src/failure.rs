@@ -63,12 +63,13 @@ impl fmt::Display for FailureKind {
 pub struct HandlerError {
     kind: FailureKind,
     message: String,
+    attached: crate::Headers,
 }
 
 impl HandlerError {
     /// A failure of the given kind.
     pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
-        HandlerError { kind, message: message.into() }
+        HandlerError { kind, message: message.into(), attached: crate::Headers::new() }
     }
 
     /// A failure worth retrying.
@@ -89,6 +90,38 @@ impl HandlerError {
     /// The message for operators.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// Attaches header `name` = `value` to the record from this failure on:
+    /// its retry records and its dead letter carry it (replacing the
+    /// record's own of that name), and so does a replay of the dead letter.
+    /// For what an attempt resolved that later attempts must reuse rather
+    /// than resolve again (a default currency, an idempotency key). The
+    /// names of retry-core's own headers are ignored.
+    ///
+    /// ```
+    /// use retry_core::{Decision, HandlerError, Headers, RecordMeta, RetryPolicy, RetryTopology, Stage, Timestamp};
+    ///
+    /// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+    /// let failed = Err(HandlerError::transient("503").with_header("billing-currency", "EUR"));
+    /// let none = Headers::new();
+    /// let record = RecordMeta { topic: "orders", partition: 0, offset: 7, timestamp: None, headers: &none };
+    /// let Decision::Retry { headers, .. } = policy.decide(Stage::SOURCE, &record, &failed, Timestamp::from_millis(0)) else {
+    ///     panic!("retried")
+    /// };
+    /// assert_eq!(headers.get("billing-currency"), Some(&b"EUR"[..]));
+    /// ```
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        let name = name.into();
+        if !crate::header_names::is_retry_header(&name) {
+            self.attached.insert(name, value);
+        }
+        self
+    }
+
+    /// The headers attached with [`with_header`](Self::with_header).
+    pub fn attached_headers(&self) -> &crate::Headers {
+        &self.attached
     }
 }
 

@@ -43,9 +43,13 @@ pub mod header_names {
     /// since the epoch: how old its idempotency key may be. Written by a
     /// replay and carried forward like `x-replay-count`.
     pub const FIRST_TIMESTAMP: &str = "x-first-timestamp";
+    /// When an operator replayed the record past the idempotency window, in
+    /// ms since the epoch: the event is handled whatever its age. Written by
+    /// such a replay and carried forward like `x-replay-count`.
+    pub const WINDOW_OVERRIDDEN_AT: &str = "x-idempotency-window-overridden-at";
 
     /// Every header name above.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         ATTEMPT,
         ORIGINAL_TOPIC,
         ORIGINAL_PARTITION,
@@ -58,6 +62,7 @@ pub mod header_names {
         DEAD_LETTER_REASON,
         REPLAY_COUNT,
         FIRST_TIMESTAMP,
+        WINDOW_OVERRIDDEN_AT,
     ];
 
     /// Whether `name` is one of ours.
@@ -172,7 +177,7 @@ impl From<Headers> for BTreeMap<String, Vec<u8>> {
 ///
 /// assert_eq!(DeadLetterReason::RetriesExhausted.as_str(), "retries-exhausted");
 /// assert_eq!(DeadLetterReason::DeadlineExceeded.to_string(), "deadline-exceeded");
-/// assert_eq!(DeadLetterReason::ALL.len(), 6);
+/// assert_eq!(DeadLetterReason::ALL.len(), 7);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -194,6 +199,11 @@ pub enum DeadLetterReason {
     /// even compressed): dead-lettered instead, as it is, so the partition
     /// goes on.
     TooLargeForRetry,
+    /// The event was first produced longer ago than the downstream keeps
+    /// idempotency keys (less a safety margin): handling it could act on it
+    /// twice, so it is dead-lettered before the handler is called. An
+    /// operator may replay it, overriding the window.
+    IdempotencyWindowPassed,
 }
 
 impl DeadLetterReason {
@@ -206,17 +216,19 @@ impl DeadLetterReason {
             DeadLetterReason::CorruptRetryHeaders => "corrupt-retry-headers",
             DeadLetterReason::Undecodable => "undecodable",
             DeadLetterReason::TooLargeForRetry => "too-large-for-retry",
+            DeadLetterReason::IdempotencyWindowPassed => "idempotency-window-passed",
         }
     }
 
     /// Every reason.
-    pub const ALL: [DeadLetterReason; 6] = [
+    pub const ALL: [DeadLetterReason; 7] = [
         DeadLetterReason::PermanentFailure,
         DeadLetterReason::RetriesExhausted,
         DeadLetterReason::DeadlineExceeded,
         DeadLetterReason::CorruptRetryHeaders,
         DeadLetterReason::Undecodable,
         DeadLetterReason::TooLargeForRetry,
+        DeadLetterReason::IdempotencyWindowPassed,
     ];
 
     fn parse(s: &str) -> Option<Self> {
@@ -284,6 +296,9 @@ pub struct RetryHeaders {
     /// The timestamp of the event's first record, before any replay
     /// (absent until the record is replayed).
     pub first_timestamp: Option<Timestamp>,
+    /// When an operator replayed it past the idempotency window (absent
+    /// unless one did): it is handled whatever its age.
+    pub window_overridden_at: Option<Timestamp>,
 }
 
 impl RetryHeaders {
@@ -313,7 +328,14 @@ impl RetryHeaders {
             })?,
             replay_count: optional(headers, names::REPLAY_COUNT, parse_number)?.unwrap_or(0),
             first_timestamp: optional(headers, names::FIRST_TIMESTAMP, parse_timestamp)?,
+            window_overridden_at: optional(headers, names::WINDOW_OVERRIDDEN_AT, parse_timestamp)?,
         })
+    }
+
+    /// Decodes only `x-idempotency-window-overridden-at`: carried forward on
+    /// a source topic after a replay that overrode the window.
+    pub fn decode_window_overridden_at(headers: &Headers) -> Result<Option<Timestamp>> {
+        optional(headers, names::WINDOW_OVERRIDDEN_AT, parse_timestamp)
     }
 
     /// Decodes only `x-first-timestamp`: carried forward on a source topic
@@ -362,6 +384,9 @@ impl RetryHeaders {
         put(names::REPLAY_COUNT, self.replay_count.to_string());
         if let Some(t) = self.first_timestamp {
             put(names::FIRST_TIMESTAMP, t.as_millis().to_string());
+        }
+        if let Some(t) = self.window_overridden_at {
+            put(names::WINDOW_OVERRIDDEN_AT, t.as_millis().to_string());
         }
     }
 }
@@ -439,6 +464,7 @@ mod tests {
             dead_letter_reason: None,
             replay_count: 0,
             first_timestamp: None,
+            window_overridden_at: None,
         }
     }
 
@@ -588,6 +614,7 @@ mod tests {
                 proptest::option::of(proptest::sample::select(DeadLetterReason::ALL.to_vec())),
                 any::<u32>(),
                 proptest::option::of(ts()),
+                proptest::option::of(ts()),
             ),
         )
             .prop_filter_map("topic names . and .. are invalid", |(a, b, c, d)| {
@@ -604,6 +631,7 @@ mod tests {
                     dead_letter_reason: d.0,
                     replay_count: d.1,
                     first_timestamp: d.2,
+                    window_overridden_at: d.3,
                 })
             })
     }

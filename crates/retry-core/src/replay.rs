@@ -54,7 +54,9 @@ pub struct ReplayGuards {
     /// The idempotency window: refuse records whose event was first produced
     /// this long ago or longer, since the downstream may have forgotten its
     /// idempotency key and would act on it twice (providers keep keys for
-    /// about a day).
+    /// about a day). Lifted (`None`), the replayed record is marked
+    /// (`x-idempotency-window-overridden-at`) so that the listener hands it
+    /// to its handler whatever its age ([`RetryPolicy::admit`]).
     pub max_age: Option<Duration>,
 }
 
@@ -124,7 +126,7 @@ impl std::fmt::Display for ReplayRefused {
 }
 
 /// `d` for people: `25h03m`, `4m10s`, `12s`, `350ms`.
-fn roughly(d: Duration) -> String {
+pub(crate) fn roughly(d: Duration) -> String {
     let secs = d.as_secs();
     match secs {
         3600.. => format!("{}h{:02}m", secs / 3600, secs % 3600 / 60),
@@ -155,7 +157,8 @@ impl RetryPolicy {
     /// To the first rung, the record looks as if its first attempt had just
     /// failed: attempt 1, due now, with its original coordinates and error.
     ///
-    /// Both carry `x-first-timestamp`, when the event was first produced.
+    /// Both carry `x-first-timestamp`, when the event was first produced,
+    /// and, when the idempotency window is lifted, `x-idempotency-window-overridden-at`.
     ///
     /// Refused when the record was replayed `guards.max_replays` times
     /// already (a loop guard; `None` lifts it, except at `u32::MAX` replays,
@@ -190,12 +193,16 @@ impl RetryPolicy {
             }
         }
         let count = count.saturating_add(1);
+        let overridden = guards.max_age.is_none().then_some(now);
         let mut out = headers.without_retry_headers();
         match target {
             ReplayTarget::Source => {
                 out.insert(names::REPLAY_COUNT, count.to_string());
                 if let Some(first_seen) = first_seen {
                     out.insert(names::FIRST_TIMESTAMP, first_seen.as_millis().to_string());
+                }
+                if let Some(at) = overridden {
+                    out.insert(names::WINDOW_OVERRIDDEN_AT, at.as_millis().to_string());
                 }
             }
             ReplayTarget::FirstRetry => {
@@ -206,6 +213,7 @@ impl RetryPolicy {
                     dead_letter_reason: None,
                     replay_count: count,
                     first_timestamp: Some(previous.first_seen()),
+                    window_overridden_at: overridden,
                     ..previous
                 };
                 replayed.encode_into(&mut out);
@@ -220,6 +228,7 @@ mod tests {
     use super::*;
     use crate::{FailureKind, PolicyConfig, RecordMeta, RetrySchedule, RetryTopology, Stage};
 
+    /// The loop guard alone: the idempotency window lifted.
     fn loop_guard(max_replays: Option<u32>) -> ReplayGuards {
         ReplayGuards { max_replays, max_age: None }
     }
@@ -246,6 +255,7 @@ mod tests {
             dead_letter_reason: Some(crate::DeadLetterReason::RetriesExhausted),
             replay_count: replays,
             first_timestamp: None,
+            window_overridden_at: None,
         }
         .encode_into(&mut h);
         h
@@ -289,7 +299,7 @@ mod tests {
             .replay_headers(&dead_letter(0), ReplayTarget::Source, Timestamp::from_millis(500), loop_guard(Some(3)))
             .unwrap();
         let names: Vec<&str> = h.iter().map(|(k, _)| k).collect();
-        assert_eq!(names, ["traceparent", "x-replay-count", "x-first-timestamp"]);
+        assert_eq!(names, ["traceparent", "x-replay-count", "x-first-timestamp", "x-idempotency-window-overridden-at"]);
         // No original timestamp: the first failure is the oldest time known.
         assert_eq!(h.get("x-first-timestamp"), Some(&b"100"[..]));
         assert_eq!(h.get("x-replay-count"), Some(&b"1"[..]));
@@ -338,6 +348,47 @@ mod tests {
     }
 
     const HOUR: u64 = 3_600_000;
+
+    /// A replay that lifts the window marks the record, on either target,
+    /// and the listener then hands it to its handler however old it is; a
+    /// replay within the window does not mark it.
+    #[test]
+    fn a_replay_overriding_the_window_is_handled_whatever_its_age() {
+        let day = Duration::from_millis(24 * HOUR);
+        let config = PolicyConfig { max_event_age: Some(day), ..PolicyConfig::default() };
+        let p = RetryPolicy::new(RetryTopology::new("o", &"5s,30s".parse().unwrap()).unwrap(), config);
+        let now = Timestamp::from_millis(100 * HOUR as i64);
+        let old = aged(10 * HOUR as i64, "original");
+        let lifted = ReplayGuards { max_replays: None, max_age: None };
+        for (target, topic) in [(ReplayTarget::Source, "o"), (ReplayTarget::FirstRetry, "o.retry-5s")] {
+            let h = p.replay_headers(&old, target, now, lifted).unwrap();
+            assert_eq!(h.get("x-idempotency-window-overridden-at"), Some(&b"360000000"[..]), "{target:?}");
+            let stage = p.stage_of(topic).unwrap();
+            let record = RecordMeta { topic, partition: 0, offset: 1, timestamp: Some(now), headers: &h };
+            assert_eq!(p.admit(stage, &record, now), None, "{target:?}");
+            // Failing again, it keeps the mark down the ladder.
+            let failed = Err(crate::HandlerError::transient("503"));
+            let crate::Decision::Retry { headers, topic: next_topic, .. } = p.decide(stage, &record, &failed, now)
+            else {
+                panic!("retried")
+            };
+            let next = RecordMeta {
+                topic: next_topic.as_str(),
+                partition: 0,
+                offset: 1,
+                timestamp: Some(now),
+                headers: &headers,
+            };
+            let next_stage = p.stage_of(next_topic.as_str()).unwrap();
+            assert_eq!(p.admit(next_stage, &next, now), None, "{target:?} down the ladder");
+            // Without the mark, the same record is not handed over.
+            let within = ReplayGuards { max_replays: None, max_age: Some(Duration::from_millis(100 * HOUR)) };
+            let h = p.replay_headers(&old, target, now, within).unwrap();
+            assert_eq!(h.get("x-idempotency-window-overridden-at"), None);
+            let record = RecordMeta { topic, partition: 0, offset: 1, timestamp: Some(now), headers: &h };
+            assert!(p.admit(stage, &record, now).is_some(), "{target:?}");
+        }
+    }
 
     /// A dead letter whose event was first produced at `first` (ms), through
     /// which headers.

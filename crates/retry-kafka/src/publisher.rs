@@ -133,12 +133,25 @@ pub(crate) fn raw_headers(headers: &Headers) -> Vec<RawHeader> {
 }
 
 /// The headers of a republication: the record's own as it was read
-/// (`original`, ours among them left out), then ours as `decided`.
+/// (`original`, ours among them left out, in their order, duplicates and
+/// null values included), then ours as `decided`, and the headers the
+/// handler's failure attached (a name whose last value `decided` sets to
+/// another value than the record's, or that the record lacked), which
+/// replace the record's own of that name.
 pub(crate) fn republished_headers(original: &[RawHeader], decided: &Headers) -> Vec<RawHeader> {
     use retry_core::header_names::is_retry_header;
     let ours = |name: &[u8]| std::str::from_utf8(name).is_ok_and(is_retry_header);
-    let mut out: Vec<RawHeader> = original.iter().filter(|h| !ours(&h.name)).cloned().collect();
-    out.extend(raw_headers(decided).into_iter().filter(|h| ours(&h.name)));
+    let last_read = |name: &str| {
+        original.iter().rev().find(|h| h.name == name.as_bytes() && h.value.is_some()).and_then(|h| h.value.as_deref())
+    };
+    let attached: Vec<&str> = decided
+        .iter()
+        .map(|(name, _)| name)
+        .filter(|name| !is_retry_header(name) && decided.get(name) != last_read(name))
+        .collect();
+    let replaced = |name: &[u8]| ours(name) || attached.iter().any(|a| a.as_bytes() == name);
+    let mut out: Vec<RawHeader> = original.iter().filter(|h| !replaced(&h.name)).cloned().collect();
+    out.extend(raw_headers(decided).into_iter().filter(|h| replaced(&h.name)));
     out
 }
 
@@ -641,6 +654,19 @@ mod tests {
             raw(b"\xff", Some(b"bytes")),
             raw(b"x-retry-attempt", Some(b"2")),
             raw(b"x-error", Some(b"boom")),
+        ];
+        assert_eq!(got, expected);
+        // What the handler's failure attached: new, or replacing the record's own.
+        decided.insert("currency", "EUR");
+        decided.insert("b", "3");
+        let got = republished_headers(&original, &decided);
+        let expected = vec![
+            raw(b"null", None),
+            raw(b"\xff", Some(b"bytes")),
+            raw(b"x-retry-attempt", Some(b"2")),
+            raw(b"x-error", Some(b"boom")),
+            raw(b"currency", Some(b"EUR")),
+            raw(b"b", Some(b"3")),
         ];
         assert_eq!(got, expected);
     }

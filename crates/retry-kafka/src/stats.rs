@@ -20,6 +20,7 @@ pub struct ListenerStats {
     pub(crate) positions_kept: AtomicU64,
     pub(crate) fetch_failures: AtomicU64,
     pub(crate) undecodable_records: AtomicU64,
+    pub(crate) past_idempotency_window: AtomicU64,
     pub(crate) aborted_records_skipped: AtomicU64,
     pub(crate) null_header_records: AtomicU64,
     pub(crate) brake_engagements: AtomicU64,
@@ -64,6 +65,10 @@ pub struct StatsSnapshot {
     /// Records that could not be handled as they are (a header name that is
     /// not UTF-8, a batch that cannot be decoded), each dead-lettered as it is.
     pub undecodable_records: u64,
+    /// Records whose event was older than the policy's
+    /// [`max_event_age`](retry_core::PolicyConfig::max_event_age) when due,
+    /// dead-lettered without a call of the handler.
+    pub past_idempotency_window: u64,
     /// Records of aborted transactions left out (`read_committed`).
     pub aborted_records_skipped: u64,
     /// Records with headers whose value is null: the handler does not see
@@ -103,6 +108,7 @@ impl ListenerStats {
             positions_kept: self.positions_kept.load(Relaxed),
             fetch_failures: self.fetch_failures.load(Relaxed),
             undecodable_records: self.undecodable_records.load(Relaxed),
+            past_idempotency_window: self.past_idempotency_window.load(Relaxed),
             aborted_records_skipped: self.aborted_records_skipped.load(Relaxed),
             null_header_records: self.null_header_records.load(Relaxed),
             brake_engagements: self.brake_engagements.load(Relaxed),

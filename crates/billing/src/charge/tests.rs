@@ -135,7 +135,7 @@ async fn bounded<F: Future>(future: F) -> F::Output {
 }
 
 #[tokio::test]
-async fn charges_post_the_amount_with_cents_under_the_event_id_as_idempotency_key() {
+async fn charges_post_the_amount_with_cents_under_the_order_id_as_idempotency_key() {
     let mut provider = FakeProvider::start(answer(201, r#"{"id":"ch_1"}"#)).await;
     let handler = provider.handler("/v1", Duration::from_secs(10));
 
@@ -145,7 +145,7 @@ async fn charges_post_the_amount_with_cents_under_the_event_id_as_idempotency_ke
     let request = provider.only_request();
     assert_eq!(request.method, Method::POST);
     assert_eq!(request.path, "/v1/charges");
-    assert_eq!(request.idempotency_key.as_deref(), Some(EVENT_ID));
+    assert_eq!(request.idempotency_key.as_deref(), Some(ORDER_ID));
     assert_eq!(request.content_type.as_deref(), Some("application/json"));
     assert_eq!(
         request.body,
@@ -202,14 +202,24 @@ async fn provider_answers() {
         let mut provider = FakeProvider::start(answer.clone()).await;
         let handler = provider.handler("", Duration::from_secs(10));
         let outcome = bounded(handler.handle(record(Some(event_json("120.50").as_bytes())))).await;
-        assert_eq!(outcome, expected, "{answer:?}");
-        assert_eq!(provider.only_request().idempotency_key.as_deref(), Some(EVENT_ID), "{answer:?}");
+        assert_eq!(plain(&outcome), expected, "{answer:?}");
+        assert_eq!(provider.only_request().idempotency_key.as_deref(), Some(ORDER_ID), "{answer:?}");
     }
 }
 
 /// The provider's answer to `GET /charges/<key>`.
 fn status_body(order_id: &str, amount: &str, currency: &str, status: &str) -> String {
-    json!({"order_id": order_id, "amount": amount, "currency": currency, "status": status}).to_string()
+    status_of(order_id, CUSTOMER_ID, amount, currency, status)
+}
+
+fn status_of(order_id: &str, customer_id: &str, amount: &str, currency: &str, status: &str) -> String {
+    json!({"order_id": order_id, "customer_id": customer_id, "amount": amount, "currency": currency, "status": status})
+        .to_string()
+}
+
+/// The outcome without the headers a failure attaches (tested on their own).
+fn plain(outcome: &Result<(), HandlerError>) -> Result<(), HandlerError> {
+    outcome.clone().map_err(|e| HandlerError::new(e.kind(), e.message()))
 }
 
 /// A 409 is never taken as a charge on its own: the handler asks the
@@ -220,13 +230,13 @@ async fn conflicts_are_confirmed_with_the_provider() {
     let other_order = "7d1e2d3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f";
     let reused = |theirs: &str| {
         Err(HandlerError::permanent(format!(
-            "idempotency key {EVENT_ID} belongs to another charge at the billing provider ({theirs}), \
-             not to this event's (order {ORDER_ID} for 120.50 EUR): not charged"
+            "idempotency key {ORDER_ID} is already charged at the billing provider for other terms ({theirs}) \
+             than this event's (order {ORDER_ID} of customer {CUSTOMER_ID} for 120.50 EUR): not charged again"
         )))
     };
     let unreadable = |reason: &str| {
         Err(HandlerError::permanent(format!(
-            "billing provider's answer about idempotency key {EVENT_ID} is not a charge status: {reason}"
+            "billing provider's answer about idempotency key {ORDER_ID} is not a charge status: {reason}"
         )))
     };
     let table: Vec<(Answer, Result<(), HandlerError>)> = vec![
@@ -236,43 +246,51 @@ async fn conflicts_are_confirmed_with_the_provider() {
         (
             answer(200, &status_body(ORDER_ID, "120.50", "EUR", "pending")),
             Err(HandlerError::transient(format!(
-                "billing provider is still processing an earlier charge under idempotency key {EVENT_ID}: retry later"
+                "billing provider is still processing an earlier charge under idempotency key {ORDER_ID}: retry later"
             ))),
         ),
         (
             answer(200, &status_body(ORDER_ID, "120.50", "EUR", "failed")),
             Err(HandlerError::transient(format!(
-                "an earlier charge under idempotency key {EVENT_ID} failed at the billing provider: retry to charge again"
+                "an earlier charge under idempotency key {ORDER_ID} failed at the billing provider: retry to charge again"
             ))),
         ),
         (
             answer(200, &status_body(other_order, "120.50", "EUR", "succeeded")),
-            reused(&format!("order {other_order} for 120.50 EUR")),
+            reused(&format!("order {other_order} of customer {CUSTOMER_ID} for 120.50 EUR")),
         ),
-        (answer(200, &status_body(ORDER_ID, "99.00", "EUR", "succeeded")), reused(&format!("order {ORDER_ID} for 99.00 EUR"))),
-        (answer(200, &status_body(ORDER_ID, "120.50", "JPY", "pending")), reused(&format!("order {ORDER_ID} for 120.50 JPY"))),
+        (
+            answer(200, &status_of(ORDER_ID, "c0ffee00-0000-4000-8000-000000000000", "120.50", "EUR", "succeeded")),
+            Err(HandlerError::permanent(format!(
+                "idempotency key {ORDER_ID} is already charged at the billing provider for other terms (order \
+                 {ORDER_ID} of customer c0ffee00-0000-4000-8000-000000000000 for 120.50 EUR) than this event's \
+                 (order {ORDER_ID} of customer {CUSTOMER_ID} for 120.50 EUR): not charged again"
+            ))),
+        ),
+        (answer(200, &status_body(ORDER_ID, "99.00", "EUR", "succeeded")), reused(&format!("order {ORDER_ID} of customer {CUSTOMER_ID} for 99.00 EUR"))),
+        (answer(200, &status_body(ORDER_ID, "120.50", "JPY", "pending")), reused(&format!("order {ORDER_ID} of customer {CUSTOMER_ID} for 120.50 JPY"))),
         (
             answer(404, ""),
             Err(HandlerError::transient(format!(
-                "billing provider refused the charge as a conflict but does not know idempotency key {EVENT_ID}: retry later"
+                "billing provider refused the charge as a conflict but does not know idempotency key {ORDER_ID}: retry later"
             ))),
         ),
         (
             answer(503, "busy"),
             Err(HandlerError::transient(format!(
-                "billing provider answered 503 Service Unavailable when asked about idempotency key {EVENT_ID} after a 409: busy"
+                "billing provider answered 503 Service Unavailable when asked about idempotency key {ORDER_ID} after a 409: busy"
             ))),
         ),
         (
             answer(403, ""),
             Err(HandlerError::transient(format!(
-                "billing provider answered 403 Forbidden when asked about idempotency key {EVENT_ID} after a 409"
+                "billing provider answered 403 Forbidden when asked about idempotency key {ORDER_ID} after a 409"
             ))),
         ),
         (
             answer(410, ""),
             Err(HandlerError::permanent(format!(
-                "billing provider answered 410 Gone when asked about idempotency key {EVENT_ID} after a 409"
+                "billing provider answered 410 Gone when asked about idempotency key {ORDER_ID} after a 409"
             ))),
         ),
         (answer(200, &status_body(ORDER_ID, "120.50", "EUR", "done")), unreadable(r#"status "done" is none of succeeded, pending, failed"#)),
@@ -283,11 +301,11 @@ async fn conflicts_are_confirmed_with_the_provider() {
         let mut provider = FakeProvider::start_with(answer(409, r#"{"error":"key in use"}"#), get.clone()).await;
         let handler = provider.handler("/v1", Duration::from_secs(10));
         let outcome = bounded(handler.handle(record(Some(event_json("120.50").as_bytes())))).await;
-        assert_eq!(outcome, expected, "{get:?}");
+        assert_eq!(plain(&outcome), expected, "{get:?}");
         let post = provider.requests.try_recv().expect("the charge");
         let confirm = provider.requests.try_recv().expect("the question about the key");
         assert_eq!((post.method, confirm.method), (Method::POST, Method::GET));
-        assert_eq!(confirm.path, format!("/v1/charges/{EVENT_ID}"));
+        assert_eq!(confirm.path, format!("/v1/charges/{ORDER_ID}"));
     }
 }
 
@@ -355,11 +373,11 @@ async fn invalid_events_are_permanent_failures_and_charge_nothing() {
     for &(value, message) in table {
         let outcome = bounded(handler.handle(record(value))).await;
         let expected = HandlerError::permanent(format!("invalid order-confirmed event: {message}"));
-        assert_eq!(outcome, Err(expected), "{value:?}");
+        assert_eq!(plain(&outcome), Err(expected), "{value:?}");
     }
     for &(value, message) in broken {
         let outcome = bounded(handler.handle(record(Some(value)))).await;
-        assert_eq!(outcome, Err(HandlerError::permanent(message)), "{}", String::from_utf8_lossy(value));
+        assert_eq!(plain(&outcome), Err(HandlerError::permanent(message)), "{}", String::from_utf8_lossy(value));
     }
     // Events built in code are checked too.
     let mut event = OrderConfirmedEvent::from_json(event_json("1.00").as_bytes()).unwrap();
@@ -456,4 +474,81 @@ async fn a_conflict_confirmed_slowly_fits_in_the_time_a_call_needs() {
     let call = handler.handle(record(Some(event_json("120.50").as_bytes())));
     let outcome = tokio::time::timeout(handler.time_needed(), call).await;
     assert_eq!(outcome, Ok(Ok(())), "within {:?}", handler.time_needed());
+}
+
+/// One order, one charge: the key is the order id, so a second event for
+/// the same order is a conflict the provider confirms, not a new charge. A
+/// failure carries the key and currency its attempt used; later attempts
+/// use them, whatever the defaults are by then; a record that failed before
+/// without them (an earlier version) keeps its event id as key; carried
+/// headers that cannot be read charge nothing.
+#[tokio::test]
+async fn later_attempts_charge_under_the_first_attempt_s_key_and_currency() {
+    const OTHER_EVENT: &str = "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f";
+    let second_event = event_json("120.50").replace(EVENT_ID, OTHER_EVENT);
+    let with = |value: &str, attempt: u32, headers: &[(&str, &str)]| {
+        let mut r = record(Some(value.as_bytes()));
+        r.attempt = attempt;
+        for (k, v) in headers {
+            r.headers.insert(*k, *v);
+        }
+        r
+    };
+    let first = event_json("120.50");
+    type Case<'a> = (&'a str, ConsumedRecord, &'a str, &'a str);
+    let table: Vec<Case<'_>> = vec![
+        ("first attempt", with(&first, 1, &[]), ORDER_ID, "EUR"),
+        ("another event of the same order", with(&second_event, 1, &[]), ORDER_ID, "EUR"),
+        (
+            "a rung, as carried",
+            with(&first, 2, &[("billing-idempotency-key", ORDER_ID), ("billing-currency", "USD")]),
+            ORDER_ID,
+            "USD",
+        ),
+        ("a rung, from before the order-id key", with(&first, 3, &[]), EVENT_ID, "EUR"),
+        ("a replay, from before", with(&first, 1, &[("x-replay-count", "1")]), EVENT_ID, "EUR"),
+        (
+            "a replay, as carried",
+            with(&first, 1, &[("x-replay-count", "1"), ("billing-idempotency-key", ORDER_ID)]),
+            ORDER_ID,
+            "EUR",
+        ),
+    ];
+    for (case, record, key, currency) in table {
+        let mut provider = FakeProvider::start(answer(503, "")).await;
+        let rules = ChargeRules::new(
+            vec!["EUR".parse().unwrap(), "USD".parse().unwrap()],
+            crate::MaxAmount::Every(10_000.into()),
+        )
+        .unwrap();
+        let handler = ChargeHandler::new(
+            ProviderConfig {
+                base_url: provider.base_url.clone(),
+                timeout: Duration::from_secs(10),
+                idle_connections: 1,
+            },
+            rules,
+        )
+        .unwrap();
+        let error = bounded(handler.handle(record)).await.unwrap_err();
+        let seen = provider.only_request();
+        assert_eq!(
+            (seen.idempotency_key.as_deref(), seen.body["currency"].as_str()),
+            (Some(key), Some(currency)),
+            "{case}"
+        );
+        // The failure carries what it used.
+        let carried = error.attached_headers();
+        assert_eq!(carried.get("billing-idempotency-key"), Some(key.as_bytes()), "{case}");
+        assert_eq!(carried.get("billing-currency"), Some(currency.as_bytes()), "{case}");
+    }
+    // Carried headers that cannot be read: nothing is sent.
+    for headers in [[("billing-currency", "euros")], [("billing-idempotency-key", " ")]] {
+        let mut provider = FakeProvider::start(answer(201, "")).await;
+        let handler = provider.handler("", Duration::from_secs(10));
+        let error = bounded(handler.handle(with(&first, 2, &headers))).await.unwrap_err();
+        assert_eq!(error.kind(), FailureKind::Permanent, "{headers:?}");
+        assert!(error.message().contains("cannot be read"), "{}", error.message());
+        assert!(provider.requests.try_recv().is_err(), "{headers:?}: nothing sent");
+    }
 }

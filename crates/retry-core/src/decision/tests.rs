@@ -372,3 +372,165 @@ fn a_retry_its_topic_refused_goes_to_the_dead_letter_topic() {
     assert_eq!(headers.get(names::ERROR), Some(refused.as_bytes()));
     assert_eq!(headers.get("k"), Some(&b"v"[..]));
 }
+
+/// Which records reach their handler under an idempotency window of 100 s
+/// (the ages are counted from T0 = 1000 s): each case is a stage, the
+/// record's timestamp and headers, and what `admit` says.
+#[test]
+fn the_idempotency_window_at_handling_time() {
+    let config = PolicyConfig { max_event_age: Some(Duration::from_secs(100)), ..PolicyConfig::default() };
+    let p = RetryPolicy::new(RetryTopology::new("o", &"5s,30s".parse().unwrap()).unwrap(), config);
+    let fresh = (T0 - 99_999).to_string();
+    let old = (T0 - 100_000).to_string();
+    let rung = |changes: &[(&'static str, Option<&str>)]| with(on_rung(1), changes);
+    type Case<'a> = (&'a str, &'a str, Option<i64>, Headers, &'a str);
+    let table: Vec<Case<'_>> = vec![
+        ("source, just inside", "o", Some(T0 - 99_999), with(vec![], &[]), "handled"),
+        (
+            "source, exactly the window",
+            "o",
+            Some(T0 - 100_000),
+            with(vec![], &[]),
+            "dead-letter (idempotency-window-passed) 1m40s",
+        ),
+        ("source, in the future", "o", Some(T0 + 5_000), with(vec![], &[]), "handled"),
+        ("source, no timestamp", "o", None, with(vec![], &[]), "handled"),
+        // A replayed record is as old as its event, not its new record.
+        (
+            "source, replayed old event",
+            "o",
+            Some(T0),
+            headers(&[("x-first-timestamp", &old), ("traceparent", "abc")]),
+            "dead-letter (idempotency-window-passed) 1m40s",
+        ),
+        (
+            "source, replayed recent event",
+            "o",
+            Some(T0),
+            headers(&[("x-first-timestamp", &fresh), ("traceparent", "abc")]),
+            "handled",
+        ),
+        (
+            "source, replayed overriding the window",
+            "o",
+            Some(T0),
+            headers(&[
+                ("x-first-timestamp", &old),
+                ("x-idempotency-window-overridden-at", "5"),
+                ("traceparent", "abc"),
+            ]),
+            "handled",
+        ),
+        (
+            "source, garbage first timestamp: its own",
+            "o",
+            Some(T0),
+            headers(&[("x-first-timestamp", "soon"), ("traceparent", "abc")]),
+            "handled",
+        ),
+        // On a rung, the record's own timestamp is its republication: the
+        // original's counts.
+        (
+            "rung, original inside",
+            "o.retry-30s",
+            Some(T0),
+            rung(&[(names::ORIGINAL_TIMESTAMP, Some(&fresh))]),
+            "handled",
+        ),
+        (
+            "rung, original outside",
+            "o.retry-30s",
+            Some(T0),
+            rung(&[(names::ORIGINAL_TIMESTAMP, Some(&old))]),
+            "dead-letter (idempotency-window-passed) 1m40s",
+        ),
+        (
+            "rung, no original timestamp: its first failure",
+            "o.retry-30s",
+            Some(T0),
+            rung(&[(names::ORIGINAL_TIMESTAMP, None), (names::FIRST_FAILURE_AT, Some(&old))]),
+            "dead-letter (idempotency-window-passed) 1m40s",
+        ),
+        (
+            "rung, overridden",
+            "o.retry-30s",
+            Some(T0),
+            rung(&[(names::ORIGINAL_TIMESTAMP, Some(&old)), ("x-idempotency-window-overridden-at", Some("5"))]),
+            "handled",
+        ),
+        (
+            "rung, corrupt headers: unknown age",
+            "o.retry-30s",
+            Some(T0 - 500_000),
+            rung(&[(names::ATTEMPT, Some("x"))]),
+            "handled",
+        ),
+    ];
+    for (case, topic, timestamp, headers, expected) in table {
+        let stage = p.stage_of(topic).unwrap();
+        let record = RecordMeta {
+            topic,
+            partition: 2,
+            offset: 7,
+            timestamp: timestamp.map(Timestamp::from_millis),
+            headers: &headers,
+        };
+        let got = match p.admit(stage, &record, Timestamp::from_millis(T0)) {
+            None => "handled".to_owned(),
+            Some(Decision::DeadLetter { topic, reason, headers }) => {
+                assert_eq!(topic.as_str(), "o.dlq", "{case}");
+                let ours = RetryHeaders::decode(&headers).unwrap();
+                assert_eq!(ours.dead_letter_reason, Some(reason), "{case}");
+                assert_eq!(ours.error_kind, FailureKind::Permanent, "{case}");
+                assert!(ours.error.contains("idempotency window"), "{case}: {}", ours.error);
+                let age = ours.error.split_whitespace().nth(2).unwrap().to_owned();
+                format!("dead-letter ({reason}) {age}")
+            }
+            Some(other) => panic!("{case}: {other:?}"),
+        };
+        assert_eq!(got, expected, "{case}");
+    }
+    // Without a window, any age is handled.
+    let p = policy("5s", None);
+    let none = Headers::new();
+    let ancient =
+        RecordMeta { topic: "o", partition: 0, offset: 0, timestamp: Some(Timestamp::from_millis(0)), headers: &none };
+    assert_eq!(p.admit(Stage::SOURCE, &ancient, Timestamp::from_millis(i64::MAX)), None);
+}
+
+/// What a failure attaches travels with the record: to the next rung and to
+/// the dead-letter topic, replacing the record's own value of that name;
+/// the names of our headers cannot be attached; a success attaches nothing.
+#[test]
+fn headers_attached_by_a_failure_travel_with_the_record() {
+    let p = policy("5s", None);
+    let now = Timestamp::from_millis(T0);
+    let source = headers(&[("billing-currency", "USD"), ("traceparent", "abc")]);
+    let failed = |e: HandlerError| Err(e.with_header("billing-currency", "EUR").with_header(names::ATTEMPT, "99"));
+    type Case<'a> = (&'a str, Headers, Result<(), HandlerError>, &'a str);
+    let table: Vec<Case<'_>> = vec![
+        ("source, transient", source.clone(), failed(HandlerError::transient("503")), "retry o.retry-5s"),
+        ("source, permanent", source.clone(), failed(HandlerError::permanent("400")), "dead-letter o.dlq"),
+        (
+            "last rung, transient",
+            with(on_rung(0), &[("billing-currency", Some("USD"))]),
+            failed(HandlerError::transient("503")),
+            "dead-letter o.dlq",
+        ),
+    ];
+    for (case, headers, outcome, expected) in table {
+        let topic = if case.starts_with("source") { "o" } else { "o.retry-5s" };
+        let record = RecordMeta { topic, partition: 2, offset: 7, timestamp: Some(now), headers: &headers };
+        let decision = p.decide(p.stage_of(topic).unwrap(), &record, &outcome, now);
+        let (to, h) = match &decision {
+            Decision::Retry { topic, headers, .. } => (format!("retry {topic}"), headers),
+            Decision::DeadLetter { topic, headers, .. } => (format!("dead-letter {topic}"), headers),
+            Decision::Commit => panic!("{case}: committed"),
+        };
+        assert_eq!(to, expected, "{case}");
+        let currencies: Vec<&[u8]> = h.iter().filter(|(k, _)| *k == "billing-currency").map(|(_, v)| v).collect();
+        assert_eq!(currencies, [&b"EUR"[..]], "{case}: one value, the attached one");
+        assert_eq!(h.get("traceparent"), Some(&b"abc"[..]), "{case}");
+        assert_ne!(h.get(names::ATTEMPT), Some(&b"99"[..]), "{case}: our headers are ours");
+    }
+}

@@ -20,7 +20,21 @@ use crate::{
 };
 
 /// Where to start a partition that has no committed offset, or whose
-/// committed offset no longer exists (retention deleted it).
+/// committed offset no longer exists (retention deleted it). Retry rungs
+/// always start at their earliest record: what was republished to them is
+/// owed its retry.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_kafka::OffsetReset;
+///
+/// assert_eq!("earliest".parse(), Ok(OffsetReset::Earliest));
+/// assert_eq!("by_duration:23h".parse(), Ok(OffsetReset::ByDuration(Duration::from_secs(23 * 3600))));
+/// let at: OffsetReset = "2026-12-01T00:00:00Z".parse().unwrap();
+/// assert_eq!(at, OffsetReset::At(retry_core::Timestamp::from_millis(1_796_083_200_000)));
+/// assert_eq!("1796083200000".parse::<OffsetReset>(), Ok(at));
+/// assert!("yesterday".parse::<OffsetReset>().unwrap_err().to_string().contains("earliest, latest"));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OffsetReset {
     /// The oldest record still kept.
@@ -28,6 +42,43 @@ pub enum OffsetReset {
     Earliest,
     /// Only records produced from now on.
     Latest,
+    /// The first record whose timestamp is at or after this time; the end
+    /// of the log when none is.
+    At(retry_core::Timestamp),
+    /// The first record produced at most this long before the partition
+    /// starts (Kafka's `by_duration`); the end of the log when none is.
+    ByDuration(Duration),
+}
+
+impl std::str::FromStr for OffsetReset {
+    type Err = Error;
+
+    /// `earliest`, `latest`, `by_duration:<duration>` (`by_duration:23h`), or
+    /// a time: RFC 3339 (`2026-12-01T00:00:00Z`) or milliseconds since the epoch.
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        let bad = |why: String| {
+            Error::Config(format!(
+                "start position {s:?} is none of earliest, latest, by_duration:<duration> (by_duration:23h) or a \
+                 time (2026-12-01T00:00:00Z, or milliseconds since the epoch){why}"
+            ))
+        };
+        match s {
+            "earliest" => return Ok(OffsetReset::Earliest),
+            "latest" => return Ok(OffsetReset::Latest),
+            _ => {}
+        }
+        if let Some(d) = s.strip_prefix("by_duration:") {
+            return retry_core::parse_duration(d).map(OffsetReset::ByDuration).map_err(|e| bad(format!(": {e}")));
+        }
+        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            let ms = s.parse::<i64>().map_err(|e| bad(format!(": {e}")))?;
+            return Ok(OffsetReset::At(retry_core::Timestamp::from_millis(ms)));
+        }
+        chrono::DateTime::parse_from_rfc3339(s)
+            .map(|t| OffsetReset::At(retry_core::Timestamp::from_millis(t.timestamp_millis())))
+            .map_err(|e| bad(if s.contains('T') { format!(": {e}") } else { String::new() }))
+    }
 }
 
 /// Everything a listener needs to know.

@@ -579,6 +579,7 @@ impl<H: RecordHandler> Worker<H> {
             }
             (_, OffsetReset::Earliest) => log_start,
             (_, OffsetReset::Latest) => log_end,
+            (_, timed) => self.offset_at(client, timed).await?.clamp(log_start, log_end),
         };
         self.shared.metrics.offset_reset(topic);
         tracing::warn!(%topic, partition, offset, log_start, log_end, ?doubt, ?verdict, reset = ?policy, to = reset_to, "the position lies outside the log (retention deleted unread records, or the log was truncated); resetting");
@@ -588,13 +589,24 @@ impl<H: RecordHandler> Worker<H> {
         Some(reset_to)
     }
 
-    /// The partition's earliest or latest offset, retried until it comes
-    /// (on a new connection after one that did not answer); `None` when stopped.
+    /// The partition's offset at `at`: its earliest, its latest, or the
+    /// first at or after a time (its latest when no record is that recent),
+    /// retried until it comes (on a new connection after one that did not
+    /// answer); `None` when stopped.
     async fn offset_at(&self, client: &mut PartitionClient, at: OffsetReset) -> Option<i64> {
         let TopicPartition { topic, partition } = &self.tp;
-        let at = match at {
+        let time = |t: Timestamp| {
+            let ms = t.as_millis().max(0);
+            OffsetAt::Timestamp(chrono::DateTime::from_timestamp_millis(ms).unwrap_or(chrono::DateTime::UNIX_EPOCH))
+        };
+        let mut at = match at {
             OffsetReset::Earliest => OffsetAt::Earliest,
             OffsetReset::Latest => OffsetAt::Latest,
+            OffsetReset::At(t) => time(t),
+            OffsetReset::ByDuration(d) => {
+                let now = Timestamp::from(std::time::SystemTime::now());
+                time(Timestamp::from_millis(now.as_millis().saturating_sub(d.as_millis().min(i64::MAX as u128) as i64)))
+            }
         };
         let mut backoff = pauses(Duration::from_millis(100), Duration::from_secs(5));
         loop {
@@ -602,6 +614,8 @@ impl<H: RecordHandler> Worker<H> {
             let call = deadline(self.shared.cluster.request_timeout(), what, client.get_offset(at));
             let result = self.unless_stopped(call).await?;
             match result {
+                // No record is that recent: the end of the log.
+                Ok(offset) if offset < 0 && matches!(at, OffsetAt::Timestamp(_)) => at = OffsetAt::Latest,
                 Ok(offset) => return Some(offset),
                 Err(e) => {
                     tracing::warn!(%topic, partition, error = %e, "cannot read the partition's offsets; retrying");
@@ -680,6 +694,24 @@ impl<H: RecordHandler> Worker<H> {
             }
         }
 
+        // An event older than the downstream remembers its idempotency key
+        // is not handed over, here and each time a held record runs again.
+        let too_old = |headers: &retry_core::Headers, now: Timestamp| {
+            let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers };
+            let decision = policy.admit(self.stage, &meta, now)?;
+            shared.metrics.count(|s| &s.past_idempotency_window);
+            tracing::error!(error = ?dead_letter_error(&decision), "the event is past the idempotency window: dead-lettering it without handling it");
+            Some(decision)
+        };
+        let window = policy.config().max_event_age.is_some();
+        if window {
+            let now = clock();
+            if let Some(Decision::DeadLetter { topic: target, headers: decided, .. }) = too_old(meta.headers, now) {
+                let record = self.republication(&target, &raw_headers, &decided, key, value, now, codec);
+                return Processed::Republish { record, dead_letter: true };
+            }
+        }
+
         // The handler takes the headers; a failure's decision reads them
         // again from the record as written (success needs none).
         let mut consumed = Some(ConsumedRecord {
@@ -705,6 +737,14 @@ impl<H: RecordHandler> Worker<H> {
                     break held.take().expect("only a held record is told its hold expired");
                 }
             };
+            if window && held.is_some() {
+                let now = clock();
+                let headers = read_again.get_or_insert_with(|| valued_headers(&raw_headers).unwrap_or_default().0);
+                if let Some(decision) = too_old(headers, now) {
+                    let outcome = Err(HandlerError::permanent(dead_letter_error(&decision).unwrap_or_default()));
+                    break (outcome, now, decision);
+                }
+            }
             // A copy only when the brake may hold the record and run it again.
             let record = if shared.brake.is_on() { consumed.clone() } else { consumed.take() };
             let record = record.expect("a record runs again only when the brake is on");
@@ -935,4 +975,10 @@ impl<H: RecordHandler> Worker<H> {
             tracing::info!(%topic, "a detached handler call ended at last");
         });
     }
+}
+
+/// The failure a dead-letter decision wrote in `x-error`.
+fn dead_letter_error(decision: &Decision) -> Option<String> {
+    let Decision::DeadLetter { headers, .. } = decision else { return None };
+    headers.get(retry_core::header_names::ERROR).map(|e| String::from_utf8_lossy(e).into_owned())
 }
