@@ -122,6 +122,8 @@ impl From<retry_kafka::Error> for Refusal {
         match e {
             // The request is fine, the broker cannot record it: say why.
             retry_kafka::Error::NotRecordable(reason) => Refusal(StatusCode::CONFLICT, reason),
+            // Another instance replays: its position must not be raced.
+            e @ retry_kafka::Error::ReplayElsewhere { .. } => Refusal(StatusCode::CONFLICT, e.to_string()),
             e => Refusal(StatusCode::BAD_GATEWAY, format!("kafka: {e}")),
         }
     }
@@ -433,10 +435,11 @@ pub(crate) async fn replay_job<S: DeadLetterStore>(
     params(("topic" = String, Path, description = "the dead-letter topic")),
     request_body = AckBody,
     responses((status = 200, body = AckAnswer), (status = 400, body = Problem), (status = 401, body = Problem),
-              (status = 404, body = Problem), (status = 413, body = Problem), (status = 429, body = Problem),
-              (status = 502, body = Problem)))]
+              (status = 404, body = Problem), (status = 409, body = Problem), (status = 413, body = Problem),
+              (status = 429, body = Problem), (status = 502, body = Problem)))]
 /// Acknowledge records without replaying them: they stay in the topic for
-/// audit and leave the backlog.
+/// audit and leave the backlog. 409 while a replay runs on another
+/// instance, or when the broker cannot record the offsets.
 pub(crate) async fn ack<S: DeadLetterStore>(
     State(ops): State<Arc<Operators<S>>>,
     Path(topic): Path<String>,

@@ -560,25 +560,56 @@ impl DeadLetterAdmin {
     /// Acknowledges records of `partition` without replaying them: they
     /// stay in the topic, for audit, and leave the backlog. Never moves the
     /// operators' position back; returns it.
+    ///
+    /// It takes the replay lock, as a replay does (or goes on under this
+    /// instance's own replay's): the position is read, merged and committed
+    /// by one instance at a time, so no instance commits a position that
+    /// misses another's acknowledgement. While another instance replays,
+    /// it is refused ([`Error::ReplayElsewhere`]).
     pub async fn acknowledge(&self, partition: i32, ack: &Acknowledgement) -> Result<OperatorsPosition> {
         let pc = self.partition(partition).await?;
         let earliest = self.offsets(&pc, OffsetAt::Earliest, self.topic()).await?;
-        let mut operators = self.operators.lock().await;
-        let mut position = self.position(&mut operators, partition, earliest).await?;
+        {
+            // This instance replays: its lock covers the acknowledgement,
+            // and is not released while the operators' client is in use.
+            let mut operators = self.operators.lock().await;
+            if self.held_lock().is_some() {
+                return self.acknowledge_locked(&mut operators, partition, earliest, ack).await;
+            }
+        }
+        let lock = ReplayLock::acquire(self.connection.clone(), &self.lock_group, &self.instance).await?;
+        let outcome = async {
+            let mut operators = self.operators.lock().await;
+            if lock.generation().is_none() {
+                return Err(Error::ReplayLockLost { group: self.lock_group.clone() });
+            }
+            self.acknowledge_locked(&mut operators, partition, earliest, ack).await
+        }
+        .await;
+        lock.release().await;
+        outcome
+    }
+
+    async fn acknowledge_locked(
+        &self,
+        operators: &mut GroupClient,
+        partition: i32,
+        earliest: i64,
+        ack: &Acknowledgement,
+    ) -> Result<OperatorsPosition> {
+        let mut position = self.position(operators, partition, earliest).await?;
         match ack {
             Acknowledgement::UpTo(offset) => position.handle_before(offset.saturating_add(1)),
             Acknowledgement::Offsets(offsets) => {
                 for offset in offsets {
                     position.handle(*offset).map_err(|full| Error::NotRecordable(full.to_string()))?;
                 }
-                if position.handled_above(i64::MAX) > 0
-                    && !self.keeps_metadata(&mut operators, partition, earliest).await?
-                {
+                if position.handled_above(i64::MAX) > 0 && !self.keeps_metadata(operators, partition, earliest).await? {
                     return Err(Error::NotRecordable(NO_METADATA.to_owned()));
                 }
             }
         }
-        self.commit_position(&mut operators, partition, earliest, &position).await
+        self.commit_position(operators, partition, earliest, &position).await
     }
 
     /// Replays what `request` selects, from the operators' position up to
@@ -609,7 +640,11 @@ impl DeadLetterAdmin {
         };
         *self.lock.lock().unwrap_or_else(|p| p.into_inner()) = lock.clone();
         let outcome = self.replay_locked(request, &mut progress).await;
-        *self.lock.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        {
+            // An acknowledgement going on under this lock ends first.
+            let _operators = self.operators.lock().await;
+            *self.lock.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
         if let Some(lock) = lock {
             lock.release().await;
         }
