@@ -249,6 +249,31 @@ async fn one_replay_at_a_time_across_instances_needs_leader_reelection() {
     listener.shutdown().await;
 }
 
+/// Dead letters deleted before operators replayed or acknowledged them
+/// (retention, or records deleted by hand) are counted as lost, not
+/// silently dropped from the backlog; an acknowledgement up to the oldest
+/// offset kept says an operator knows, and the count goes back to zero.
+#[tokio::test]
+async fn needs_delete_records_dead_letters_deleted_unhandled_are_counted_as_lost() {
+    let (ladder, _handler, listener) = with_dead_letters("dlq-lost", &["a", "b", "c"]).await;
+    let admin = admin(&ladder).await;
+    let before = admin.status().await.unwrap();
+    assert_eq!((before.backlog, before.lost_to_retention), (3, 0));
+    let client = integration::rskafka_client().await;
+    let dlq = ladder.policy.topology().dead_letter_topic().to_string();
+    let pc = client.partition_client(&dlq, 0, rskafka::client::partition::UnknownTopicHandling::Retry).await.unwrap();
+    within("delete records", pc.delete_records(2, 5_000)).await.unwrap();
+    let after = admin.status().await.unwrap();
+    assert_eq!(after.partitions[0].earliest, 2, "{after:?}");
+    assert_eq!((after.backlog, after.lost_to_retention), (1, 2), "{after:?}");
+    assert_eq!(after.partitions[0].lost_to_retention, 2);
+    // The operator knows: acknowledged up to the oldest offset kept.
+    admin.acknowledge(0, &Acknowledgement::UpTo(1)).await.unwrap();
+    let known = admin.status().await.unwrap();
+    assert_eq!((known.backlog, known.lost_to_retention), (1, 0), "{known:?}");
+    listener.shutdown().await;
+}
+
 /// On a broker that drops offset-commit metadata (tansu), a record a
 /// replay or an acknowledgement would handle above the operators' position
 /// is refused with the reason; records that follow on from it are not.

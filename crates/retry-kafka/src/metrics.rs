@@ -14,6 +14,7 @@
 //! | `kafka_retry_offset_resets_total` | `topic` | positions reset (committed offset out of range) |
 //! | `kafka_retry_consumer_lag` | `topic`, `partition` | high watermark minus the position |
 //! | `kafka_retry_dlq_backlog` | `topic` | dead-letter records not yet replayed or acknowledged |
+//! | `kafka_retry_dlq_lost_to_retention` | `topic` | dead-letter records retention deleted before operators replayed or acknowledged them |
 //! | `kafka_retry_partition_stalled` | `topic`, `partition` | 1 while the partition's republications keep failing (the broker refuses them), else 0 |
 //! | `kafka_retry_brake_state` | `topic` (the source) | the outage brake: 0 running, 1 probing, 2 paused (absent when the brake is off) |
 //! | `kafka_retry_brake_engagements_total` | `topic` (the source) | how often the brake engaged |
@@ -52,6 +53,7 @@ pub(crate) struct Metrics {
     offset_resets: Family<Labels, Counter>,
     consumer_lag: Family<Labels, Gauge>,
     dlq_backlog: Family<Labels, Gauge>,
+    dlq_lost: Family<Labels, Gauge>,
     stalled: Family<Labels, Gauge>,
     brake_state: Family<Labels, Gauge>,
     brake_engagements: Family<Labels, Counter>,
@@ -130,6 +132,7 @@ impl Metrics {
             offset_resets: Family::default(),
             consumer_lag: Family::default(),
             dlq_backlog: Family::default(),
+            dlq_lost: Family::default(),
             stalled: Family::default(),
             brake_state: Family::default(),
             brake_engagements: Family::default(),
@@ -180,6 +183,11 @@ impl Metrics {
             "kafka_retry_dlq_backlog",
             "Dead-letter records neither replayed nor acknowledged by the operators' group",
             self.dlq_backlog.clone(),
+        );
+        r.register(
+            "kafka_retry_dlq_lost_to_retention",
+            "Dead-letter records retention deleted before the operators' group replayed or acknowledged them",
+            self.dlq_lost.clone(),
         );
         r.register(
             "kafka_retry_partition_stalled",
@@ -289,6 +297,10 @@ impl Metrics {
     pub(crate) fn dlq_backlog(&self, t: &str, backlog: i64) {
         self.dlq_backlog.get_or_create(&topic(t)).set(backlog.max(0));
     }
+
+    pub(crate) fn dlq_lost_to_retention(&self, t: &str, lost: i64) {
+        self.dlq_lost.get_or_create(&topic(t)).set(lost.max(0));
+    }
 }
 
 #[cfg(test)]
@@ -316,6 +328,8 @@ mod tests {
         metrics.offset_reset("orders");
         metrics.evicted("billing");
         metrics.detached_call("orders", true);
+        metrics.dlq_backlog("orders.dlq", 4);
+        metrics.dlq_lost_to_retention("orders.dlq", 2);
         let mut registry = Registry::default();
         metrics.register(&mut registry);
         let mut text = String::new();
@@ -341,5 +355,7 @@ mod tests {
         assert_eq!((evictions, snapshot.evictions), (1, 1));
         let detached = sample(&text, r#"kafka_retry_detached_handler_calls{topic="orders"}"#);
         assert_eq!((detached, snapshot.detached_calls), (1, 1));
+        assert_eq!(sample(&text, r#"kafka_retry_dlq_backlog{topic="orders.dlq"}"#), 4);
+        assert_eq!(sample(&text, r#"kafka_retry_dlq_lost_to_retention{topic="orders.dlq"}"#), 2);
     }
 }

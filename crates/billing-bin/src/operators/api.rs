@@ -33,6 +33,10 @@ pub(crate) struct DlqTopic {
     pub(crate) source_topic: String,
     /// Records neither replayed nor acknowledged, over every partition.
     pub(crate) backlog: i64,
+    /// Records retention deleted before operators replayed or acknowledged
+    /// them, over every partition: an acknowledgement up to each
+    /// partition's earliest offset says an operator knows.
+    pub(crate) lost_to_retention: i64,
     /// Each partition.
     pub(crate) partitions: Vec<DlqPartition>,
 }
@@ -52,6 +56,8 @@ pub(crate) struct DlqPartition {
     pub(crate) handled_above: usize,
     /// Records neither replayed nor acknowledged.
     pub(crate) backlog: i64,
+    /// Records retention deleted before operators replayed or acknowledged them.
+    pub(crate) lost_to_retention: i64,
 }
 
 impl DlqTopic {
@@ -60,6 +66,7 @@ impl DlqTopic {
             topic: status.topic,
             source_topic: source_topic.to_owned(),
             backlog: status.backlog,
+            lost_to_retention: status.lost_to_retention,
             partitions: status
                 .partitions
                 .into_iter()
@@ -70,6 +77,7 @@ impl DlqTopic {
                     acknowledged_offset: p.acknowledged,
                     handled_above: p.handled_above,
                     backlog: p.backlog,
+                    lost_to_retention: p.lost_to_retention,
                 })
                 .collect(),
         }

@@ -58,8 +58,10 @@ impl DeadLetterStore for MemoryStore {
             acknowledged: None,
             handled_above: 0,
             backlog: end,
+            lost_to_retention: 0,
         };
-        Ok(DeadLetterStatus { topic: DLQ.into(), partitions: vec![partition(0, 3), partition(1, 0)], backlog: 3 })
+        let partitions = vec![partition(0, 3), partition(1, 0)];
+        Ok(DeadLetterStatus { topic: DLQ.into(), partitions, backlog: 3, lost_to_retention: 0 })
     }
 
     async fn browse(&self, page: &BrowsePage) -> retry_kafka::Result<Vec<DeadLetter>> {

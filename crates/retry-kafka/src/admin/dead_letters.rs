@@ -44,6 +44,11 @@ pub struct PartitionStatus {
     pub handled_above: usize,
     /// Records neither replayed nor acknowledged.
     pub backlog: i64,
+    /// Records retention deleted before operators replayed or acknowledged
+    /// them: between the operators' position and the oldest offset kept.
+    /// Lost to the backlog; an acknowledgement up to the oldest offset kept
+    /// says an operator knows.
+    pub lost_to_retention: i64,
 }
 
 /// The dead-letter topic at one moment.
@@ -55,6 +60,8 @@ pub struct DeadLetterStatus {
     pub partitions: Vec<PartitionStatus>,
     /// The sum of the partitions' backlogs.
     pub backlog: i64,
+    /// The sum of the partitions' records lost to retention.
+    pub lost_to_retention: i64,
 }
 
 /// A dead-lettered record.
@@ -408,6 +415,10 @@ impl DeadLetterAdmin {
             let (offset, metadata) = committed.get(&TopicPartition::new(topic.clone(), p)).cloned().unwrap_or_default();
             let position = OperatorsPosition::new(offset, metadata.as_deref(), earliest);
             let backlog = (end - position.next()).max(0) - position.handled_above(end) as i64;
+            // The position as committed, not raised to what retention keeps:
+            // what lies between was never replayed nor acknowledged.
+            let unraised = OperatorsPosition::new(offset, metadata.as_deref(), 0);
+            let lost = (earliest.min(end) - unraised.next()).max(0) - unraised.handled_above(earliest) as i64;
             out.push(PartitionStatus {
                 partition: p,
                 earliest,
@@ -415,10 +426,12 @@ impl DeadLetterAdmin {
                 acknowledged: offset.map(|_| position.next()),
                 handled_above: position.handled_above(end),
                 backlog,
+                lost_to_retention: lost.max(0),
             });
         }
         let backlog = out.iter().map(|p| p.backlog).sum();
-        Ok(DeadLetterStatus { topic, partitions: out, backlog })
+        let lost_to_retention = out.iter().map(|p| p.lost_to_retention).sum();
+        Ok(DeadLetterStatus { topic, partitions: out, backlog, lost_to_retention })
     }
 
     /// The partition's earliest or latest offset, within the request timeout.

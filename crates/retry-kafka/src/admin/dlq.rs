@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{metrics::Metrics, DeadLetterAdmin};
 
-/// Measures the backlog every interval and sets `kafka_retry_dlq_backlog`.
+/// Measures the backlog every interval and sets `kafka_retry_dlq_backlog`
+/// and `kafka_retry_dlq_lost_to_retention`.
 pub(crate) struct BacklogMonitor {
     pub(crate) admin: DeadLetterAdmin,
     pub(crate) interval: Duration,
@@ -20,7 +21,13 @@ impl BacklogMonitor {
     pub(crate) async fn run(self, shutdown: CancellationToken) {
         loop {
             match self.admin.status().await {
-                Ok(status) => self.metrics.dlq_backlog(&status.topic, status.backlog),
+                Ok(status) => {
+                    self.metrics.dlq_backlog(&status.topic, status.backlog);
+                    self.metrics.dlq_lost_to_retention(&status.topic, status.lost_to_retention);
+                    if status.lost_to_retention > 0 {
+                        tracing::error!(topic = %status.topic, lost = status.lost_to_retention, "retention deleted dead letters that operators had neither replayed nor acknowledged: raise the dead-letter topic's retention.ms, and acknowledge up to its oldest offset once the loss is handled");
+                    }
+                }
                 Err(e) => tracing::warn!(error = %e, "cannot measure the dead-letter backlog"),
             }
             tokio::select! {
