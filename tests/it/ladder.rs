@@ -153,6 +153,38 @@ async fn a_handler_panic_is_a_permanent_failure() {
     assert_eq!(header(&dead[0], "x-error"), "handler panicked: scripted panic for boom");
 }
 
+/// A partition's worker that ends while its partition is assigned (here a
+/// panic injected on one record, as a bug of ours would) does not leave the
+/// partition unconsumed in silence: it is counted, the listener says it is
+/// not ready, and the member rejoins, so the partition starts again from
+/// what was done; every record is handled once.
+#[tokio::test]
+async fn a_worker_that_ends_early_is_counted_and_its_partition_consumed_again() {
+    let ladder = Ladder::create("worker-panic", "100ms", 1).await;
+    let handler = Scripted::new(&[]);
+    let listener = Listener::start(ladder.config(), handler.clone()).await.unwrap();
+    let readiness = listener.readiness();
+    eventually("ready", SETTLE, || async { readiness.is_ready().then_some(()) }).await;
+    produce(ladder.source(), 0, "before", "v", &[]).await;
+    // Done and committed first: a call in flight when the worker ends is
+    // redelivered, as after any crash.
+    wait_committed(&ladder, &[Some(1)]).await;
+    produce(ladder.source(), 0, "poison", "v", &[("x-fault-injection", b"panic-worker-once")]).await;
+    produce(ladder.source(), 0, "after", "v", &[]).await;
+    eventually("not ready after the worker ended", SETTLE, || async { (!readiness.is_ready()).then_some(()) }).await;
+    eventually("every record handled", SETTLE, || async {
+        ["before", "poison", "after"].iter().all(|k| handler.attempts(k) == [1]).then_some(())
+    })
+    .await;
+    assert_eq!(listener.stats().snapshot().worker_failures, 1);
+    wait_committed(&ladder, &[Some(3)]).await;
+    eventually("ready again", SETTLE, || async { readiness.is_ready().then_some(()) }).await;
+    listener.shutdown().await;
+    for key in ["before", "poison", "after"] {
+        assert_eq!(handler.attempts(key), [1], "{key} handled once");
+    }
+}
+
 #[tokio::test]
 async fn a_slow_handler_times_out_as_a_transient_failure() {
     let ladder = Ladder::create("slow", "100ms", 1).await;

@@ -19,6 +19,7 @@
 //! | `kafka_retry_brake_state` | `topic` (the source) | the outage brake: 0 running, 1 probing, 2 paused (absent when the brake is off) |
 //! | `kafka_retry_brake_engagements_total` | `topic` (the source) | how often the brake engaged |
 //! | `kafka_retry_member_evictions_total` | `group` | members the group dropped while they drained their partitions, or fenced by another instance with their `group.instance.id` |
+//! | `kafka_retry_worker_failures_total` | `group` | partition workers that ended while their partition was assigned (a bug: the member rejoins) |
 //! | `kafka_retry_detached_handler_calls` | `topic` | handler calls that ignored their cancellation and still run (the listener is not ready meanwhile) |
 
 use std::time::Duration;
@@ -58,6 +59,7 @@ pub(crate) struct Metrics {
     brake_state: Family<Labels, Gauge>,
     brake_engagements: Family<Labels, Counter>,
     evictions: Family<Labels, Counter>,
+    worker_failures: Family<Labels, Counter>,
     detached_calls: Family<Labels, Gauge>,
     stats: Arc<ListenerStats>,
 }
@@ -137,6 +139,7 @@ impl Metrics {
             brake_state: Family::default(),
             brake_engagements: Family::default(),
             evictions: Family::default(),
+            worker_failures: Family::default(),
             detached_calls: Family::default(),
             stats,
         }
@@ -208,6 +211,11 @@ impl Metrics {
             "kafka_retry_member_evictions",
             "Group members dropped by the coordinator while they drained, or fenced by another instance",
             self.evictions.clone(),
+        );
+        r.register(
+            "kafka_retry_worker_failures",
+            "Partition workers that ended while their partition was assigned (the member rejoined)",
+            self.worker_failures.clone(),
         );
         r.register(
             "kafka_retry_detached_handler_calls",
@@ -282,6 +290,11 @@ impl Metrics {
         self.evictions.get_or_create(&group(group_id)).inc();
     }
 
+    pub(crate) fn worker_failed(&self, group_id: &str) {
+        self.count(|s| &s.worker_failures);
+        self.worker_failures.get_or_create(&group(group_id)).inc();
+    }
+
     /// A handler call on `t` ignored its cancellation (`running`: it runs
     /// on, detached) or ended at last (`!running`).
     pub(crate) fn detached_call(&self, t: &str, running: bool) {
@@ -327,6 +340,7 @@ mod tests {
         metrics.rebalanced("billing.retry-5s");
         metrics.offset_reset("orders");
         metrics.evicted("billing");
+        metrics.worker_failed("billing");
         metrics.detached_call("orders", true);
         metrics.dlq_backlog("orders.dlq", 4);
         metrics.dlq_lost_to_retention("orders.dlq", 2);
@@ -353,6 +367,8 @@ mod tests {
         assert_eq!((resets, snapshot.offset_resets), (1, 1));
         let evictions = sample(&text, r#"kafka_retry_member_evictions_total{group="billing"}"#);
         assert_eq!((evictions, snapshot.evictions), (1, 1));
+        let failures = sample(&text, r#"kafka_retry_worker_failures_total{group="billing"}"#);
+        assert_eq!((failures, snapshot.worker_failures), (1, 1));
         let detached = sample(&text, r#"kafka_retry_detached_handler_calls{topic="orders"}"#);
         assert_eq!((detached, snapshot.detached_calls), (1, 1));
         assert_eq!(sample(&text, r#"kafka_retry_dlq_backlog{topic="orders.dlq"}"#), 4);

@@ -26,6 +26,7 @@ pub struct ListenerStats {
     pub(crate) brake_engagements: AtomicU64,
     pub(crate) held_by_brake: AtomicU64,
     pub(crate) evictions: AtomicU64,
+    pub(crate) worker_failures: AtomicU64,
     pub(crate) detached_calls: AtomicU64,
     pub(crate) offset_fetch_failures: AtomicU64,
 }
@@ -82,6 +83,9 @@ pub struct StatsSnapshot {
     /// Group members dropped by the coordinator while they drained their
     /// partitions (or fenced by another instance with their instance id).
     pub evictions: u64,
+    /// Partition workers that ended while their partition was assigned:
+    /// a bug of the listener's; the member rejoined its group.
+    pub worker_failures: u64,
     /// Handler calls that ignored their cancellation, given up on and
     /// left to run detached.
     pub detached_calls: u64,
@@ -114,6 +118,7 @@ impl ListenerStats {
             brake_engagements: self.brake_engagements.load(Relaxed),
             held_by_brake: self.held_by_brake.load(Relaxed),
             evictions: self.evictions.load(Relaxed),
+            worker_failures: self.worker_failures.load(Relaxed),
             detached_calls: self.detached_calls.load(Relaxed),
             offset_fetch_failures: self.offset_fetch_failures.load(Relaxed),
         }

@@ -505,7 +505,32 @@ impl<H: RecordHandler> Member<H> {
                             };
                             workers.spawn(worker.run(start));
                         }
-                        heartbeats.await
+                        // A worker ends only when stopped: one that ends
+                        // before (a bug of ours that panicked) leaves its
+                        // partition unconsumed, so the member rejoins, and
+                        // every partition starts again from what was done.
+                        tokio::select! {
+                            end = &mut heartbeats => end,
+                            Some(ended) = workers.join_next() => {
+                                self.shared.metrics.worker_failed(&self.group_id);
+                                let why = match ended {
+                                    Err(e) if e.is_panic() => format!("it panicked: {}", super::worker::panic_message(e.into_panic())),
+                                    Err(e) => e.to_string(),
+                                    Ok(()) => "it returned".to_owned(),
+                                };
+                                tracing::error!(group = %self.group_id, generation = generation_id, reason = %why, "a partition's worker ended while the partition was still assigned: rejoining the group, so every partition starts again from what was done; not ready meanwhile");
+                                // Not ready for two sessions from each such end: a
+                                // record that makes it end every time keeps the
+                                // listener not ready, and the metric counting.
+                                let impaired = Impaired::new(&self.shared);
+                                let cool_down = config.session_timeout * 2;
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(cool_down).await;
+                                    drop(impaired);
+                                });
+                                End::RejoinAsNewMember
+                            }
+                        }
                     }
                 }
             }

@@ -658,6 +658,16 @@ impl<H: RecordHandler> Worker<H> {
         let shared = &self.shared;
         let policy = &shared.config.policy();
         let Fetched { offset, key, value, headers, raw_headers, timestamp, codec, null_headers, poison, .. } = record;
+        #[cfg(feature = "fault-injection")]
+        if headers.get("x-fault-injection") == Some(b"panic-worker-once") {
+            static SEEN: std::sync::Mutex<Vec<(String, i32, i64)>> = std::sync::Mutex::new(Vec::new());
+            let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+            if !seen.contains(&(topic.clone(), *partition, offset)) {
+                seen.push((topic.clone(), *partition, offset));
+                drop(seen);
+                panic!("fault injection: the worker of {topic}/{partition} panics at offset {offset}");
+            }
+        }
         if null_headers > 0 {
             shared.metrics.count(|s| &s.null_header_records);
             tracing::debug!(
@@ -932,11 +942,7 @@ impl<H: RecordHandler> Worker<H> {
             Ok(Err(join_error)) => {
                 self.shared.metrics.count(|s| &s.handler_panics);
                 let message = match join_error.try_into_panic() {
-                    Ok(panic) => panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a non-string payload".into()),
+                    Ok(panic) => panic_message(panic),
                     Err(e) => e.to_string(),
                 };
                 tracing::error!(panic = %message, "handler panicked");
@@ -975,6 +981,15 @@ impl<H: RecordHandler> Worker<H> {
             tracing::info!(%topic, "a detached handler call ended at last");
         });
     }
+}
+
+/// What a panic said, when it said it with text.
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string payload".into())
 }
 
 /// The failure a dead-letter decision wrote in `x-error`.
