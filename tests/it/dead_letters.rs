@@ -262,7 +262,7 @@ async fn needs_delete_records_dead_letters_deleted_unhandled_are_counted_as_lost
     let client = integration::rskafka_client().await;
     let dlq = ladder.policy.topology().dead_letter_topic().to_string();
     let pc = client.partition_client(&dlq, 0, rskafka::client::partition::UnknownTopicHandling::Retry).await.unwrap();
-    within("delete records", pc.delete_records(2, 5_000)).await.unwrap();
+    integration::within("delete records", pc.delete_records(2, 5_000)).await.unwrap();
     let after = admin.status().await.unwrap();
     assert_eq!(after.partitions[0].earliest, 2, "{after:?}");
     assert_eq!((after.backlog, after.lost_to_retention), (1, 2), "{after:?}");

@@ -530,8 +530,25 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     run(cargo_in_root().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
     alert_rules()?;
     run(cargo_in_root().args(["test", "--workspace"]))?;
+    fuzz(CI_FUZZ_CASES)?;
     integration(BrokerChoice::All, &[])?;
     eprintln!("ci: all checks passed");
+    Ok(())
+}
+
+/// How many random inputs each fuzz target gets in CI: about a minute in all.
+pub(crate) const CI_FUZZ_CASES: u32 = 50_000;
+
+/// Runs the fuzz targets (`tests/fuzz`): each corpus, then `cases` random
+/// inputs per target; a failure is shrunk and saved in
+/// `tests/fuzz/main.proptest-regressions`, to be committed.
+pub(crate) fn fuzz(cases: u32) -> anyhow::Result<()> {
+    let root = workspace_root();
+    let started = std::time::Instant::now();
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(&root).args(["test", "-p", "integration", "--test", "fuzz"]).env("FUZZ_CASES", cases.to_string());
+    run(&mut cmd).context("a fuzz target failed: its shrunk input is in tests/fuzz/main.proptest-regressions")?;
+    eprintln!("fuzz: {cases} inputs per target in {:.0?}", started.elapsed());
     Ok(())
 }
 

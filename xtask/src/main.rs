@@ -51,6 +51,13 @@ enum Command {
     /// The billing service end to end: billing-bin against a broker and a
     /// faulty fake provider, accounting for every event.
     Demo(demo::DemoArgs),
+    /// The fuzz targets: every decoder that reads bytes from outside, its
+    /// corpus then random inputs (a part of `ci`, with fewer cases).
+    Fuzz {
+        /// Random inputs per target.
+        #[arg(long, default_value_t = 1_000_000)]
+        cases: u32,
+    },
     /// The rules about dependencies and names between the crates (a part of `ci`).
     Tidy,
     /// Everything CI checks: formatting, lints, unit tests, docs, dependency
@@ -68,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::Integration { broker, test_args } => ci::integration(broker, &test_args),
         Command::Bench(args) => bench::bench(&args),
         Command::Demo(args) => demo::demo(&args),
+        Command::Fuzz { cases } => ci::fuzz(cases),
         Command::Tidy => ci::tidy(),
         Command::Ci => ci::ci(),
     };

@@ -42,6 +42,24 @@
 //! # }
 //! ```
 
+/// The decoders that read bytes other programs wrote, for fuzz targets
+/// (feature `fuzzing`, tests only; not part of the API).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::protocol::batch::fuzzing::{checksummed_batch, record_batches, Decoded};
+
+    /// A group member's subscription (its topics), as other members wrote it.
+    pub fn group_subscription(bytes: &[u8]) -> Result<Vec<String>, String> {
+        crate::protocol::assignor::decode_subscription(bytes)
+    }
+
+    /// The assignment a group's leader wrote (topic and partitions).
+    pub fn group_assignment(bytes: &[u8]) -> Result<Vec<(String, Vec<i32>)>, String> {
+        crate::protocol::assignor::decode_assignment(bytes).map(|a| a.into_iter().collect())
+    }
+}
+
 mod admin;
 mod backoff;
 mod cluster;

@@ -613,3 +613,85 @@ fn compress(codec: Codec, records: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests;
+
+/// Entry points for fuzzing the batch decoder from outside the crate (the
+/// `fuzzing` feature, tests only).
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzzing {
+    use super::*;
+
+    /// What decoding gave: batches, their data records, control batches,
+    /// undecodable batches, and the bytes of every record's key, value and
+    /// headers (what a decompression bomb would inflate).
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    pub struct Decoded {
+        /// Whole batches found.
+        pub batches: usize,
+        /// Data records decoded.
+        pub records: usize,
+        /// Control batches.
+        pub control: usize,
+        /// Batches that could not be decoded.
+        pub undecodable: usize,
+        /// The bytes of the records' keys, values and headers.
+        pub record_bytes: usize,
+    }
+
+    fn summary(batches: Vec<Batch>) -> Decoded {
+        let mut out = Decoded { batches: batches.len(), ..Decoded::default() };
+        for batch in batches {
+            match batch {
+                Batch::Data { records, .. } => {
+                    out.records += records.len();
+                    for r in records {
+                        let field = |b: &Option<Bytes>| b.as_ref().map_or(0, |b| b.len());
+                        out.record_bytes += field(&r.key) + field(&r.value);
+                        out.record_bytes += r.headers.iter().map(|h| h.name.len() + field(&h.value)).sum::<usize>();
+                    }
+                }
+                Batch::Control { .. } => out.control += 1,
+                Batch::Undecodable { .. } => out.undecodable += 1,
+            }
+        }
+        out
+    }
+
+    /// Decodes a fetch's record bytes as they came.
+    pub fn record_batches(bytes: &[u8], max_inflated: usize) -> Decoded {
+        summary(decode_all(Bytes::copy_from_slice(bytes), max_inflated))
+    }
+
+    /// Decodes one v2 batch built around `records` (compressed with
+    /// codec `codec`, 0 to 4, first when `compress`), claiming `count`
+    /// records, with a valid length and checksum: random bytes would
+    /// otherwise nearly always stop at the checksum, before the decoder
+    /// of records and the decompressors.
+    pub fn checksummed_batch(
+        codec: u8,
+        compress_first: bool,
+        count: i32,
+        records: &[u8],
+        max_inflated: usize,
+    ) -> Decoded {
+        let codec_of = Codec::of(i16::from(codec)).unwrap_or(Codec::None);
+        let body = if compress_first { compress(codec_of, records) } else { records.to_vec() };
+        let mut b = BytesMut::with_capacity(HEADER_BYTES + body.len());
+        b.put_i64(0); // base offset
+        b.put_i32((HEADER_BYTES - LOG_OVERHEAD + body.len()) as i32);
+        b.put_i32(0); // partition leader epoch
+        b.put_i8(2); // magic
+        b.put_u32(0); // crc, below
+        b.put_i16(i16::from(codec & 0x07));
+        b.put_i32(count.max(1) - 1); // last offset delta
+        b.put_i64(1_700_000_000_000);
+        b.put_i64(1_700_000_000_000);
+        b.put_i64(-1); // producer id
+        b.put_i16(-1);
+        b.put_i32(-1);
+        b.put_i32(count);
+        b.put_slice(&body);
+        let crc = crc32c::crc32c(&b[CRC_FROM..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        summary(decode_all(b.freeze(), max_inflated))
+    }
+}
