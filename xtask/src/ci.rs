@@ -108,6 +108,7 @@ const NOT_ON_MOCK: &[(&str, &str)] = &[
 const NOT_ON_TANSU: &[(&str, &str)] = &[
     ("needs_transactions", "tansu 0.6.0 has no EndTxn: a transactional producer cannot commit there"),
     ("needs_message_limits", "tansu 0.6.0 takes records of any size, whatever a topic's max.message.bytes"),
+    ("needs_delete_records", "tansu 0.6.0 does not answer DeleteRecords"),
     (
         "needs_batches_kept",
         "tansu 0.6.0 (sqlite) stores records, not the batches producers wrote: it decompresses them, and serves none \
