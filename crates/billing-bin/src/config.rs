@@ -463,9 +463,10 @@ impl RunArgs {
         match (self.start_at.trim(), max_event_age) {
             ("window", Some(age)) => Ok(retry_kafka::OffsetReset::ByDuration(age)),
             ("window", None) => Ok(retry_kafka::OffsetReset::Earliest),
-            (other, _) => {
-                other.parse().map_err(|e: retry_kafka::Error| Failure::Config(format!("BILLING_START_AT: {e}")))
-            }
+            (other, _) => other.parse().map_err(|e: retry_kafka::Error| match e {
+                retry_kafka::Error::Config(problem) => Failure::Config(format!("BILLING_START_AT: {problem}")),
+                other => Failure::Config(format!("BILLING_START_AT: {other}")),
+            }),
         }
     }
 

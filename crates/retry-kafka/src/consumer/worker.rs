@@ -614,8 +614,19 @@ impl<H: RecordHandler> Worker<H> {
             let call = deadline(self.shared.cluster.request_timeout(), what, client.get_offset(at));
             let result = self.unless_stopped(call).await?;
             match result {
-                // No record is that recent: the end of the log.
-                Ok(offset) if offset < 0 && matches!(at, OffsetAt::Timestamp(_)) => at = OffsetAt::Latest,
+                // No record is that recent: the end of the log, unless its
+                // last record says otherwise (a broker that cannot look up
+                // by time answers so for any time): then its start.
+                Ok(offset) if offset < 0 && matches!(at, OffsetAt::Timestamp(_)) => {
+                    let OffsetAt::Timestamp(time) = at else { unreachable!() };
+                    let end = Box::pin(self.offset_at(client, OffsetReset::Latest)).await?;
+                    let after = Timestamp::from_millis(time.timestamp_millis());
+                    if !self.last_record_since(end, after).await {
+                        return Some(end);
+                    }
+                    tracing::warn!(%topic, partition, "the broker found no record at or after the time asked, but the log's last record is that recent: it cannot look records up by time; starting at the earliest offset instead");
+                    at = OffsetAt::Earliest;
+                }
                 Ok(offset) => return Some(offset),
                 Err(e) => {
                     tracing::warn!(%topic, partition, error = %e, "cannot read the partition's offsets; retrying");
@@ -627,6 +638,30 @@ impl<H: RecordHandler> Worker<H> {
                 }
             }
         }
+    }
+
+    /// Whether the record before `end` has a timestamp at or after `time`;
+    /// false when it cannot be read.
+    async fn last_record_since(&self, end: i64, time: Timestamp) -> bool {
+        let TopicPartition { topic, partition } = &self.tp;
+        if end <= 0 {
+            return false;
+        }
+        let config = &self.shared.config;
+        let mut reader = PartitionReader::new(
+            &config.connection,
+            topic,
+            *partition,
+            config.isolation_level,
+            config.max_batch_inflated_bytes(),
+        );
+        let fetch = reader.fetch(end - 1, self.max_fetch_bytes(), Duration::ZERO);
+        let Some(Ok(fetched)) = self.unless_stopped(fetch).await else { return false };
+        fetched
+            .readable
+            .items
+            .iter()
+            .any(|item| matches!(item, crate::protocol::fetch::Item::Record(r) if r.timestamp >= time.as_millis()))
     }
 
     /// A client of the partition on a new connection to its leader, retried
