@@ -325,7 +325,6 @@ impl Case {
 /// One OrderConfirmed event, keyed by its order id.
 struct Event {
     case: Case,
-    event_id: String,
     order_id: String,
     customer_id: String,
     amount: Decimal,
@@ -370,7 +369,7 @@ impl Event {
             Case::MalformedJson => fields(&customer, &format!("\"{amount}\"")),
             Case::WrongType => fields("4242", &format!("\"{amount}\"")) + "}",
         };
-        Event { case, event_id, order_id, customer_id, amount, value }
+        Event { case, order_id, customer_id, amount, value }
     }
 
     /// Charged (under any key) or dead-lettered.
@@ -689,16 +688,17 @@ impl<'a> Report<'a> {
         report
     }
 
-    /// A charge must be for a valid event, under its event id, of its amount and customer.
+    /// A charge must be for a valid event, under its order id (one order,
+    /// one charge), of its amount and customer.
     fn check_charge(&mut self, event: &Event, charge: &Charge) {
         let order = &event.order_id;
         if !event.case.is_valid() {
             self.problems.push(format!("order {order} was charged although invalid ({})", event.case.label()));
         }
-        if charge.idempotency_key != event.event_id {
+        if charge.idempotency_key != event.order_id {
             self.problems.push(format!(
-                "order {order} was charged under idempotency key {:?}, not its event id {}",
-                charge.idempotency_key, event.event_id
+                "order {order} was charged under idempotency key {:?}, not its order id",
+                charge.idempotency_key
             ));
         }
         if Decimal::from_str(&charge.amount).ok() != Some(event.amount) {
