@@ -28,11 +28,12 @@ use crate::{
 /// use std::time::Duration;
 /// use retry_kafka::OffsetReset;
 ///
-/// assert_eq!("earliest".parse(), Ok(OffsetReset::Earliest));
-/// assert_eq!("by_duration:23h".parse(), Ok(OffsetReset::ByDuration(Duration::from_secs(23 * 3600))));
+/// assert_eq!("earliest".parse::<OffsetReset>().ok(), Some(OffsetReset::Earliest));
+/// let day_less_an_hour = OffsetReset::ByDuration(Duration::from_secs(23 * 3600));
+/// assert_eq!("by_duration:23h".parse::<OffsetReset>().ok(), Some(day_less_an_hour));
 /// let at: OffsetReset = "2026-12-01T00:00:00Z".parse().unwrap();
 /// assert_eq!(at, OffsetReset::At(retry_core::Timestamp::from_millis(1_796_083_200_000)));
-/// assert_eq!("1796083200000".parse::<OffsetReset>(), Ok(at));
+/// assert_eq!("1796083200000".parse::<OffsetReset>().ok(), Some(at));
 /// assert!("yesterday".parse::<OffsetReset>().unwrap_err().to_string().contains("earliest, latest"));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
