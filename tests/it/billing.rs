@@ -1600,6 +1600,59 @@ async fn through_an_outage(brake: bool) -> OutageRun {
     OutageRun { orders, charged, dead_letters, peak_lag, engagements: engagements.unwrap_or(0.0), log }
 }
 
+/// An outage brake engaged in one instance is taken up by the next owner
+/// of its partitions (here the same service, restarted, while the provider
+/// is still down): the records it held back, out of retries during the
+/// outage, are probed with instead of dead-lettered at once (the marker
+/// travels in the offset commits' metadata), and charged once the provider
+/// is back.
+#[tokio::test]
+async fn needs_commit_metadata_an_engaged_brake_is_taken_up_by_the_next_owner_of_what_it_held() {
+    let mut setup = Setup::new("brake-handover");
+    setup.schedule = "1s";
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let env = [
+        ("BILLING_BRAKE_WINDOW", "5s"),
+        ("BILLING_BRAKE_MIN_CALLS", "5"),
+        ("BILLING_BRAKE_PROBE_PAUSE", "300ms"),
+        ("BILLING_BRAKE_PROBE_PAUSE_MAX", "1s"),
+    ];
+    provider.set_down(true);
+    let first = setup.start_with(&provider, &env).await;
+    let mut orders = Vec::new();
+    for i in 0..10 {
+        let (order, json) = event(&format!(r#""{}.00""#, 10 + i));
+        produce(&setup.topic, i % setup.partitions, &order.to_string(), &json, &[]).await;
+        orders.push(order.to_string());
+    }
+    eventually("records held back by the brake", SETTLE, || async {
+        first.log().contains("retries exhausted while the brake is engaged").then_some(())
+    })
+    .await;
+    first.stop().await;
+
+    let second = setup.start_with(&provider, &env).await;
+    // The engagement taken up, and a probe failed since: without it, the
+    // held records would have run, failed and been dead-lettered by now.
+    eventually("the brake taken up and a probe failed", SETTLE, || async {
+        let log = second.log();
+        (log.contains("engaged here too") && log.contains("a probe failed")).then_some(())
+    })
+    .await;
+    let dead = dead_letters(&setup).await;
+    assert!(dead.is_empty(), "nothing dead-lettered while the provider is down: {dead:?}\n{}", second.log());
+    provider.set_down(false);
+    eventually("every order charged", SETTLE, || async { (provider.ledger().len() >= orders.len()).then_some(()) })
+        .await;
+    wait_drained(&setup).await;
+    second.stop().await;
+    assert!(dead_letters(&setup).await.is_empty());
+    for order in &orders {
+        assert_eq!(provider.charges_for(order).len(), 1, "{order}");
+    }
+}
+
 /// A minute-long provider outage in the middle of a run: with the brake,
 /// records wait (the source lag grows, then drains), nothing is
 /// dead-lettered, and every order is charged once the provider is back.

@@ -22,6 +22,9 @@
 
 use std::{collections::VecDeque, time::Duration};
 
+/// How [`Brake::marker`] begins.
+const MARKER_PREFIX: &str = "brake-engaged-since:";
+
 use crate::{Backoff, BackoffConfig, DeadLetterReason, Decision, Error, FailureKind, Result, Timestamp};
 
 /// When the brake engages and how it comes back.
@@ -361,6 +364,56 @@ impl<R: FnMut() -> f64> Brake<R> {
             Engaged::No => None,
             Engaged::Paused { since, .. } | Engaged::Probing { since, .. } => Some(since),
         }
+    }
+
+    /// The engagement, written so that whoever takes over this brake's work
+    /// (another instance after a rebalance, this one after a restart) can
+    /// take it up with [`Brake::resume`] before dead-lettering what this
+    /// one held back: `brake-engaged-since:<ms>`; `None` while running.
+    /// A transport keeps it beside its progress (Kafka: the offset commits'
+    /// metadata).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use retry_core::{Brake, BrakeConfig, BrakeState, FailureKind, Permit, Timestamp};
+    ///
+    /// let config = BrakeConfig::default().with_threshold(50, 2).unwrap();
+    /// let (mut old, mut new) = (Brake::new(config.clone(), || 0.0), Brake::new(config, || 0.0));
+    /// let t = Timestamp::from_millis(1_000);
+    /// assert_eq!(old.marker(), None);
+    /// old.finished(Some(FailureKind::Transient), false, t, t);
+    /// old.finished(Some(FailureKind::Transient), false, t, t);
+    /// let marker = old.marker().unwrap();
+    /// assert_eq!(marker, "brake-engaged-since:1000");
+    /// // The next owner takes it up: engaged as of then, it probes first.
+    /// let later = t.saturating_add(Duration::from_secs(60));
+    /// assert!(new.resume(&marker, later));
+    /// assert_eq!((new.state(), new.engaged_since()), (BrakeState::Paused, Some(t)));
+    /// assert_eq!(new.permit(later), Permit::Probe);
+    /// ```
+    pub fn marker(&self) -> Option<String> {
+        self.engaged_since().map(|since| format!("{MARKER_PREFIX}{}", since.as_millis()))
+    }
+
+    /// Takes up the engagement `marker` records (see [`Brake::marker`]):
+    /// a running brake engages as of then, its next permit a probe, so the
+    /// records the other brake held back are probed with before they are
+    /// dead-lettered. Ignored (false) when this brake is engaged already,
+    /// when the marker is not one, and when the engagement began
+    /// [`BrakeConfig::max_engaged`] ago or longer (it would hold nothing
+    /// any more). A marker from the future (another host's clock) counts
+    /// as of `now`.
+    pub fn resume(&mut self, marker: &str, now: Timestamp) -> bool {
+        let since = marker.strip_prefix(MARKER_PREFIX).and_then(|ms| ms.parse::<i64>().ok());
+        let Some(since) = since.map(|ms| Timestamp::from_millis(ms).min(now)) else { return false };
+        if !matches!(self.engaged, Engaged::No) || since.saturating_add(self.config.max_engaged) <= now {
+            return false;
+        }
+        self.engaged = Engaged::Paused { since, until: now };
+        self.outcomes.clear();
+        self.streak = 0;
+        self.changed_at = Some(now);
+        true
     }
 
     /// Whether `decision` should wait instead: a record that exhausted the

@@ -361,3 +361,36 @@ mod properties {
         }
     }
 }
+
+/// An engagement another brake recorded is taken up only when it is one,
+/// still within the maximum, and this brake runs; taken up, the next
+/// permit is a probe and exhausted records are held.
+#[test]
+fn a_marker_is_taken_up_while_it_still_holds() {
+    let max = config().max_engaged().as_millis() as i64;
+    let now = at(10 * max);
+    let engaged = |ms: i64| format!("brake-engaged-since:{ms}");
+    let table: &[(&str, String, bool, Option<i64>)] = &[
+        ("half a minute ago", engaged(now.as_millis() - 30_000), true, Some(now.as_millis() - 30_000)),
+        ("just within the maximum", engaged(now.as_millis() - max + 1), true, Some(now.as_millis() - max + 1)),
+        ("the maximum ago", engaged(now.as_millis() - max), false, None),
+        ("from the future: as of now", engaged(now.as_millis() + 5_000), true, Some(now.as_millis())),
+        ("not a marker", "handled-above:5".to_owned(), false, None),
+        ("garbage after the prefix", "brake-engaged-since:soon".to_owned(), false, None),
+        ("empty", String::new(), false, None),
+    ];
+    for (case, marker, resumed, since) in table {
+        let mut brake = Brake::new(config(), || 0.0);
+        assert_eq!(brake.resume(marker, now), *resumed, "{case}");
+        assert_eq!(brake.engaged_since().map(|t| t.as_millis()), *since, "{case}");
+        if *resumed {
+            assert_eq!(brake.permit(now), Permit::Probe, "{case}: probes first");
+            assert_eq!(brake.marker(), Some(engaged(since.unwrap())), "{case}: and passes it on");
+        }
+    }
+    // An engaged brake keeps its own engagement.
+    let mut brake = Brake::new(config(), || 0.0);
+    assert!(brake.resume(&engaged(now.as_millis() - 1_000), now));
+    assert!(!brake.resume(&engaged(now.as_millis() - 500), now));
+    assert_eq!(brake.engaged_since(), Some(at(now.as_millis() - 1_000)));
+}

@@ -180,6 +180,28 @@ impl SharedBrake {
         }
     }
 
+    /// The engagement, as the commits' metadata keeps it for whoever takes
+    /// over the partitions (`None` while running, or without a brake).
+    pub(crate) fn marker(&self) -> Option<String> {
+        self.brake.as_ref().and_then(|brake| Self::lock(brake).marker())
+    }
+
+    /// Takes up an engagement a commit's metadata recorded (another
+    /// instance's brake, or this one's before a restart): the records it
+    /// held back are probed with before any is dead-lettered.
+    pub(crate) fn resume(&self, marker: &str, group: &str) {
+        let Some(brake) = &self.brake else { return };
+        let (resumed, state) = {
+            let mut brake = Self::lock(brake);
+            (brake.resume(marker, now()), brake.state())
+        };
+        if resumed {
+            self.metrics.brake_state(&self.topic, state);
+            tracing::warn!(topic = %self.topic, %group, %marker, "the brake was engaged where this group's partitions were committed last: engaged here too, so the records held back there are probed with before any is dead-lettered");
+            self.changed.notify_waiters();
+        }
+    }
+
     /// Whether the brake is on: only then may a record be held and run again.
     pub(crate) fn is_on(&self) -> bool {
         self.brake.is_some()

@@ -80,6 +80,13 @@ impl CommitTracker {
         self.progress.lock().expect("no panics while holding the lock").insert(tp.clone(), finished);
     }
 
+    /// How far this generation finished each partition it reported:
+    /// what was committed, or is about to be.
+    fn finished(&self) -> BTreeMap<TopicPartition, i64> {
+        let progress = self.progress.lock().expect("no panics while holding the lock");
+        progress.iter().filter(|(_, f)| f.generation == self.generation).map(|(tp, f)| (tp.clone(), f.offset)).collect()
+    }
+
     fn take(&self) -> BTreeMap<TopicPartition, i64> {
         self.done_since_commit.store(0, std::sync::atomic::Ordering::Relaxed);
         std::mem::take(&mut *self.pending.lock().expect("no panics while holding the lock"))
@@ -116,12 +123,16 @@ pub(crate) struct CommitSettings<'a> {
 
 impl Committer {
     /// Starts committing for `member_id` of generation `generation_id`.
+    /// Every commit carries `marker()` as its metadata (the outage brake's
+    /// engagement, for whoever takes the partitions over); when it changes,
+    /// what this generation finished is committed again with it.
     pub(crate) fn start(
         settings: CommitSettings<'_>,
         generation_id: i32,
         member_id: String,
         metrics: Metrics,
         progress: Progress,
+        marker: impl Fn() -> Option<String> + Send + 'static,
     ) -> Self {
         let interval = settings.interval;
         let tracker = Arc::new(CommitTracker::new(settings.batch, progress, generation_id));
@@ -137,6 +148,10 @@ impl Committer {
                 // commits for a while is not asked five times a second.
                 let mut backoff = pauses(interval, interval.max(Duration::from_secs(5)));
                 let mut wait = interval;
+                let mut marked = None;
+                let with_marker = |offsets: &BTreeMap<TopicPartition, i64>, marker: &Option<String>| {
+                    offsets.iter().map(|(tp, offset)| (tp.clone(), (*offset, marker.clone()))).collect()
+                };
                 loop {
                     let last = tokio::select! {
                         _ = stop.cancelled() => true,
@@ -144,10 +159,20 @@ impl Committer {
                         _ = tracker.batch_full.notified(), if wait == interval => false,
                     };
                     wait = interval;
-                    let offsets = tracker.take();
+                    let mut offsets = tracker.take();
+                    let marker = marker();
+                    if marker != marked {
+                        for (tp, offset) in tracker.finished() {
+                            offsets.entry(tp).or_insert(offset);
+                        }
+                    }
                     if !offsets.is_empty() {
-                        match client.commit(generation_id, &member_id, &offsets).await {
+                        match client
+                            .commit_with_metadata(generation_id, &member_id, &with_marker(&offsets, &marker))
+                            .await
+                        {
                             Ok(()) => {
+                                marked = marker.clone();
                                 backoff.reset();
                                 metrics.count(|s| &s.commits);
                                 tracing::debug!(group = client.group_id(), ?offsets, "committed");
@@ -160,8 +185,10 @@ impl Committer {
                                 if last {
                                     // One more try for the final commit: the records
                                     // are redelivered otherwise (safe, but wasteful).
-                                    let offsets = tracker.take();
-                                    if let Err(e) = client.commit(generation_id, &member_id, &offsets).await {
+                                    let offsets = with_marker(&tracker.take(), &marker);
+                                    if let Err(e) =
+                                        client.commit_with_metadata(generation_id, &member_id, &offsets).await
+                                    {
                                         tracing::warn!(group = client.group_id(), error = %e, "final offset commit failed; these records will be redelivered");
                                     } else {
                                         metrics.count(|s| &s.commits);

@@ -422,18 +422,21 @@ impl<H: RecordHandler> Member<H> {
             .collect())
     }
 
-    /// The group's committed offsets of `tps`, read on a connection of our
+    /// The group's committed offsets of `tps` with their metadata, read on a connection of our
     /// own (the heartbeats keep theirs) and retried until they come:
     /// within a generation, a coordinator that moved, still loads the
     /// group, or has an offset commit of a transaction pending answers
     /// again a moment later. The caller drops this when the generation
     /// ends first.
-    async fn committed_offsets(&self, tps: &[TopicPartition]) -> BTreeMap<TopicPartition, Option<i64>> {
+    async fn committed_offsets(
+        &self,
+        tps: &[TopicPartition],
+    ) -> BTreeMap<TopicPartition, (Option<i64>, Option<String>)> {
         let config = &self.shared.config;
         let mut client = GroupClient::new(config.group_connection(), &self.group_id);
         let mut backoff = pauses(INITIAL_BACKOFF, MAX_BACKOFF);
         loop {
-            match client.committed(tps).await {
+            match client.committed_with_metadata(tps).await {
                 Ok(committed) => return committed,
                 Err(e) => {
                     self.shared.metrics.count(|s| &s.offset_fetch_failures);
@@ -470,6 +473,10 @@ impl<H: RecordHandler> Member<H> {
             member_id.to_owned(),
             self.shared.metrics.clone(),
             progress.clone(),
+            {
+                let shared = self.shared.clone();
+                move || shared.brake.marker()
+            },
         );
         let signals = StopSignals { stop: CancellationToken::new(), abandon: CancellationToken::new() };
         let mut workers = JoinSet::new();
@@ -486,14 +493,21 @@ impl<H: RecordHandler> Member<H> {
                     end = &mut heartbeats => end,
                     committed = self.committed_offsets(&tps) => {
                         let finished = progress.lock().expect("no panics while holding the lock").clone();
+                        // An outage brake engaged where these partitions were
+                        // committed last is taken up before any worker runs.
+                        for marker in committed.values().filter_map(|(_, metadata)| metadata.as_deref()) {
+                            self.shared.brake.resume(marker, &self.group_id);
+                        }
                         for tp in tps {
-                            let committed = committed.get(&tp).copied().flatten();
+                            let committed = committed.get(&tp).and_then(|(offset, _)| *offset);
                             let start = position::resume_at(committed, finished.get(&tp).copied(), generation_id);
                             if start != committed {
                                 tracing::info!(group = %self.group_id, topic = %tp.topic, partition = tp.partition, ?committed, ?start, "resuming after records this member finished in the last generation but could not commit");
-                                if let Some(start) = start {
-                                    committer.tracker.done(&tp, start);
-                                }
+                            }
+                            // Reported at once, so this generation's commits (and
+                            // the brake's marker in them) cover every partition.
+                            if let Some(start) = start {
+                                committer.tracker.done(&tp, start);
                             }
                             let worker = Worker {
                                 shared: self.shared.clone(),
