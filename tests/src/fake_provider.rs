@@ -2,8 +2,8 @@
 //! loopback, with a ledger to check against and faults to inject. Integration
 //! tests and `cargo xtask demo` use it; the service itself never does.
 //!
-//! The API, as the real provider's contract has it (the README's "billing
-//! provider contract"):
+//! The API, as the real provider's contract has it (`docs/operations/billing.md`,
+//! "The billing provider contract"):
 //!
 //! - `POST /charges` with `{"order_id", "customer_id", "amount": "120.50",
 //!   "currency": "EUR"}` and an `Idempotency-Key` header: 201 charged; 409

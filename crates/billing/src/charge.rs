@@ -53,7 +53,7 @@ pub enum ChargeOutcome {
 /// Charges confirmed orders through the billing provider: the
 /// [`RecordHandler`] for the `orders.confirmed` topic and its retry ladder.
 ///
-/// The provider's contract (the README's "billing provider contract"):
+/// The provider's contract (`docs/operations/billing.md`, "The billing provider contract"):
 ///
 /// - `POST <base_url>/charges` with the JSON body `{"order_id",
 ///   "customer_id", "amount": "120.50", "currency": "EUR"}` and the header
