@@ -19,12 +19,17 @@ pub(crate) struct BacklogMonitor {
 
 impl BacklogMonitor {
     pub(crate) async fn run(self, shutdown: CancellationToken) {
+        // Logged when it changes, not at every measure: the gauge and its
+        // alert say it for as long as it lasts.
+        let mut lost = 0;
         loop {
             match self.admin.status().await {
                 Ok(status) => {
                     self.metrics.dlq_backlog(&status.topic, status.backlog);
                     self.metrics.dlq_lost_to_retention(&status.topic, status.lost_to_retention);
-                    if status.lost_to_retention > 0 {
+                    let changed = status.lost_to_retention != lost;
+                    lost = status.lost_to_retention;
+                    if changed && lost > 0 {
                         tracing::error!(topic = %status.topic, lost = status.lost_to_retention, "retention deleted dead letters that operators had neither replayed nor acknowledged: raise the dead-letter topic's retention.ms, and acknowledge up to its oldest offset once the loss is handled");
                     }
                 }

@@ -739,23 +739,7 @@ impl<H: RecordHandler> Worker<H> {
             }
         }
 
-        // An event older than the downstream remembers its idempotency key
-        // is not handed over, here and each time a held record runs again.
-        let too_old = |headers: &retry_core::Headers, now: Timestamp| {
-            let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers };
-            let decision = policy.admit(self.stage, &meta, now)?;
-            shared.metrics.count(|s| &s.past_idempotency_window);
-            tracing::error!(error = ?dead_letter_error(&decision), "the event is past the idempotency window: dead-lettering it without handling it");
-            Some(decision)
-        };
         let window = policy.config().max_event_age.is_some();
-        if window {
-            let now = clock();
-            if let Some(Decision::DeadLetter { topic: target, headers: decided, .. }) = too_old(meta.headers, now) {
-                let record = self.republication(&target, &raw_headers, &decided, key, value, now, codec);
-                return Processed::Republish { record, dead_letter: true };
-            }
-        }
 
         // The handler takes the headers; a failure's decision reads them
         // again from the record as written (success needs none).
@@ -782,10 +766,15 @@ impl<H: RecordHandler> Worker<H> {
                     break held.take().expect("only a held record is told its hold expired");
                 }
             };
-            if window && held.is_some() {
+            // An event older than the downstream remembers its idempotency
+            // key is not handed over: checked right before each call, after
+            // any wait (a rung's delay, the brake).
+            if window {
                 let now = clock();
-                let headers = read_again.get_or_insert_with(|| valued_headers(&raw_headers).unwrap_or_default().0);
-                if let Some(decision) = too_old(headers, now) {
+                let headers = &consumed.as_ref().expect("kept while the record may run again").headers;
+                let meta = RecordMeta { topic, partition: *partition, offset, timestamp, headers };
+                if let Some(decision) = policy.admit(self.stage, &meta, now) {
+                    shared.metrics.count(|s| &s.past_idempotency_window);
                     let outcome = Err(HandlerError::permanent(dead_letter_error(&decision).unwrap_or_default()));
                     break (outcome, now, decision);
                 }
