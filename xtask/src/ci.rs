@@ -565,7 +565,52 @@ pub(crate) fn tidy() -> anyhow::Result<()> {
     tidy_ladder_names()?;
     tidy_transport_free()?;
     tidy_layers()?;
+    tidy_circles()?;
     tidy_core_examples()
+}
+
+/// No module imports one that imports it back, in any crate of the
+/// workspace (its libraries, binaries, test and bench crates, xtask):
+/// layers stay layers (see [`crate::circles`]).
+fn tidy_circles() -> anyhow::Result<()> {
+    let root = workspace_root();
+    let mut crate_roots = Vec::new();
+    let mut places: Vec<PathBuf> = vec![root.join("xtask"), root.join("tests")];
+    for folder in ["crates", "examples"] {
+        for entry in std::fs::read_dir(root.join(folder))? {
+            places.push(entry?.path());
+        }
+    }
+    for place in places {
+        for file in ["src/lib.rs", "src/main.rs"] {
+            crate_roots.push(place.join(file));
+        }
+        // Binaries and test crates of their own (`tests/it/main.rs`...).
+        for entry in std::fs::read_dir(&place)? {
+            crate_roots.push(entry?.path().join("main.rs"));
+        }
+        // Cargo examples, one file each.
+        if let Ok(examples) = std::fs::read_dir(place.join("examples")) {
+            for entry in examples {
+                crate_roots.push(entry?.path());
+            }
+        }
+    }
+    crate_roots.retain(|f| f.is_file() && f.extension().is_some_and(|e| e == "rs"));
+    crate_roots.sort();
+    let mut offenders = Vec::new();
+    for crate_root in &crate_roots {
+        for circle in crate::circles::circles(crate_root)? {
+            let files: Vec<String> =
+                circle.iter().map(|f| f.strip_prefix(&root).unwrap_or(f).display().to_string()).collect();
+            offenders.push(files.join(" -> "));
+        }
+    }
+    verdict(
+        offenders,
+        "modules import each other in a circle (move what both need below both)",
+        &format!("no module circles in {} crates", crate_roots.len()),
+    )
 }
 
 /// Checks the Prometheus alert rules and runs their unit tests with promtool.

@@ -58,3 +58,7 @@ pub(crate) const BROKER_SETTINGS: [&str; 11] = [
     REAUTH_BROKERS_ENV,
     MOCK_CONTROL_ENV,
 ];
+
+/// The SCRAM-SHA-512 user of `broker up --sasl`: a throwaway credential of a
+/// throwaway local broker, printed for the tests and for people.
+pub(crate) const SASL_USER: (&str, &str) = ("kafka-retry", "kafka-retry-test-password");

@@ -163,7 +163,7 @@ impl Cluster {
         let expected = self.brokers().count();
         for node in self.brokers() {
             let addr = node.internal.as_deref().context("a broker without an internal listener")?;
-            let listed = crate::broker::probe_metadata(addr).with_context(|| format!("broker {}", node.id))?;
+            let listed = crate::probe::probe_metadata(addr).with_context(|| format!("broker {}", node.id))?;
             if listed < expected {
                 bail!("broker {} lists {listed} of {expected} brokers", node.id);
             }
@@ -291,7 +291,7 @@ pub(crate) fn start(spec: ClusterSpec) -> anyhow::Result<Cluster> {
     let libs = install()?;
     require_java()?;
     let started = Instant::now();
-    let base_port = crate::broker::free_port()?;
+    let base_port = crate::probe::free_port()?;
     let dir = std::env::temp_dir().join(format!("kafka-retry-kafka-{base_port}-{}", std::process::id()));
     fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let cluster = plan(&dir, spec)?;
@@ -385,7 +385,7 @@ fn plan(dir: &Path, spec: ClusterSpec) -> anyhow::Result<Cluster> {
     let mut nodes = Vec::new();
     for i in 0..u32::from(spec.controllers) {
         let id = FIRST_CONTROLLER_ID + i;
-        let addr = format!("127.0.0.1:{}", crate::broker::free_port()?);
+        let addr = format!("127.0.0.1:{}", crate::probe::free_port()?);
         nodes.push(Node {
             id,
             role: Role::Controller,
@@ -396,9 +396,9 @@ fn plan(dir: &Path, spec: ClusterSpec) -> anyhow::Result<Cluster> {
         });
     }
     for id in 1..=u32::from(spec.brokers) {
-        let addr = format!("{host}:{}", crate::broker::free_port()?);
-        let internal = Some(format!("127.0.0.1:{}", crate::broker::free_port()?));
-        let reauth = if spec.sasl { Some(format!("{host}:{}", crate::broker::free_port()?)) } else { None };
+        let addr = format!("{host}:{}", crate::probe::free_port()?);
+        let internal = Some(format!("127.0.0.1:{}", crate::probe::free_port()?));
+        let reauth = if spec.sasl { Some(format!("{host}:{}", crate::probe::free_port()?)) } else { None };
         nodes.push(Node { id, role: Role::Broker, dir: dir.join(format!("node-{id}")), addr, internal, reauth });
     }
     Ok(Cluster { dir: dir.to_owned(), nodes })
@@ -422,7 +422,7 @@ fn server_stores(dir: &Path) -> anyhow::Result<ServerStores> {
 
 /// The SCRAM user of a SASL cluster, as `--add-scram` takes it at format time.
 fn scram_credential() -> String {
-    let (user, password) = crate::broker::SASL_USER;
+    let (user, password) = crate::env::SASL_USER;
     format!("SCRAM-SHA-512=[name={user},password={password}]")
 }
 

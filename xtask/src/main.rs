@@ -9,11 +9,13 @@
 mod bench;
 mod broker;
 mod ci;
+mod circles;
 mod demo;
 mod env;
 mod interrupt;
 mod kafka;
 mod paths;
+mod probe;
 mod process;
 mod python;
 mod tls;

@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use retry_core::RetrySchedule;
 use retry_kafka::{ConnectionConfig, ConnectionSettings, Secret};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// How long a single broker request may take, start-up included: an
 /// unreachable broker is reported after this, not waited on forever.

@@ -16,8 +16,8 @@
 mod admin;
 mod config;
 mod dlq_cli;
+mod failure;
 mod http;
-mod openapi;
 mod operators;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
@@ -27,7 +27,10 @@ use retry_core::{RetryPolicy, RetryTopology};
 use retry_kafka::{Created, CreatedTopic, Error as KafkaError, Listener, TopicPlan};
 use tracing::{error, info};
 
-use crate::config::{Cli, Command, KafkaArgs, OffsetsAction, RunArgs, SkipArgs, TopicArgs, TopicsAction};
+use crate::{
+    config::{Cli, Command, KafkaArgs, OffsetsAction, RunArgs, SkipArgs, TopicArgs, TopicsAction},
+    failure::Failure,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -59,24 +62,6 @@ fn main() -> ExitCode {
             error!("{message}");
             eprintln!("error: {message}");
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// Why the service stopped: bad settings (exit 2) or a world it cannot work in (exit 1).
-enum Failure {
-    Config(String),
-    Runtime(String),
-}
-
-impl From<KafkaError> for Failure {
-    fn from(e: KafkaError) -> Self {
-        match e {
-            KafkaError::Topics(problems) => {
-                Failure::Runtime(format!("{problems}\ncreate them with `billing-bin topics create`"))
-            }
-            KafkaError::Config(message) => Failure::Config(message),
-            other => Failure::Runtime(other.to_string()),
         }
     }
 }

@@ -418,7 +418,7 @@ impl RetryPolicy {
         let problem = format!(
             "first produced {} ago, past the {} the downstream is trusted to remember its idempotency key: \
              not handled, since it could act twice; an operator may replay it overriding the idempotency window",
-            crate::replay::roughly(age),
+            crate::time::roughly(age),
             crate::schedule::label_of(max_age)
         );
         Some(self.dead_letter_before_handling(stage, record, &problem, now, DeadLetterReason::IdempotencyWindowPassed))

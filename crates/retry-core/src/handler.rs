@@ -1,11 +1,11 @@
 //! The contract between a service and the transport that runs it: what a
 //! handler receives and what it promises.
 
-use std::future::Future;
+use std::{fmt, future::Future};
 
 use bytes::Bytes;
 
-use crate::{HandlerError, Headers, Timestamp};
+use crate::{FailureKind, Headers, Timestamp};
 
 /// A record as the handler sees it.
 ///
@@ -95,3 +95,92 @@ pub trait RecordHandler: Send + Sync + 'static {
     /// Handles one record.
     fn handle(&self, record: ConsumedRecord) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }
+
+/// What a record handler returns when it fails: a kind and a message for
+/// operators (stored, truncated, in the `x-error` header).
+///
+/// The handler classifies its own failures; [`classify_http_status`](crate::classify_http_status) helps
+/// for HTTP calls.
+///
+/// ```
+/// use retry_core::{FailureKind, HandlerError};
+///
+/// let error = HandlerError::permanent("order 42 has no customer id");
+/// assert_eq!((error.kind(), error.message()), (FailureKind::Permanent, "order 42 has no customer id"));
+/// assert_eq!(error.to_string(), "permanent failure: order 42 has no customer id");
+/// let error = HandlerError::new(FailureKind::Transient, "the database is overloaded");
+/// assert_eq!(error, HandlerError::transient("the database is overloaded"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerError {
+    kind: FailureKind,
+    message: String,
+    attached: crate::Headers,
+}
+
+impl HandlerError {
+    /// A failure of the given kind.
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        HandlerError { kind, message: message.into(), attached: crate::Headers::new() }
+    }
+
+    /// A failure worth retrying.
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self::new(FailureKind::Transient, message)
+    }
+
+    /// A failure that goes straight to the dead-letter topic.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self::new(FailureKind::Permanent, message)
+    }
+
+    /// Whether the failure is worth retrying.
+    pub fn kind(&self) -> FailureKind {
+        self.kind
+    }
+
+    /// The message for operators.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Attaches header `name` = `value` to the record from this failure on:
+    /// its retry records and its dead letter carry it (replacing the
+    /// record's own of that name), and so does a replay of the dead letter.
+    /// For what an attempt resolved that later attempts must reuse rather
+    /// than resolve again (a default currency, an idempotency key). The
+    /// names of retry-core's own headers are ignored.
+    ///
+    /// ```
+    /// use retry_core::{Decision, HandlerError, Headers, RecordMeta, RetryPolicy, RetryTopology, Stage, Timestamp};
+    ///
+    /// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+    /// let failed = Err(HandlerError::transient("503").with_header("billing-currency", "EUR"));
+    /// let none = Headers::new();
+    /// let record = RecordMeta { topic: "orders", partition: 0, offset: 7, timestamp: None, headers: &none };
+    /// let Decision::Retry { headers, .. } = policy.decide(Stage::SOURCE, &record, &failed, Timestamp::from_millis(0)) else {
+    ///     panic!("retried")
+    /// };
+    /// assert_eq!(headers.get("billing-currency"), Some(&b"EUR"[..]));
+    /// ```
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        let name = name.into();
+        if !crate::header_names::is_retry_header(&name) {
+            self.attached.insert(name, value);
+        }
+        self
+    }
+
+    /// The headers attached with [`with_header`](Self::with_header).
+    pub fn attached_headers(&self) -> &crate::Headers {
+        &self.attached
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failure: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for HandlerError {}

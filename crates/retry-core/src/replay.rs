@@ -112,7 +112,7 @@ impl std::fmt::Display for ReplayRefused {
                 f,
                 "first produced {} ago, outside the {} idempotency window: the downstream may no longer \
                  recognise its idempotency key and act twice; override the idempotency window to replay it",
-                roughly(*age),
+                crate::time::roughly(*age),
                 crate::schedule::label_of(*window)
             ),
             ReplayRefused::UnknownAge { window } => write!(
@@ -122,17 +122,6 @@ impl std::fmt::Display for ReplayRefused {
                 crate::schedule::label_of(*window)
             ),
         }
-    }
-}
-
-/// `d` for people: `25h03m`, `4m10s`, `12s`, `350ms`.
-pub(crate) fn roughly(d: Duration) -> String {
-    let secs = d.as_secs();
-    match secs {
-        3600.. => format!("{}h{:02}m", secs / 3600, secs % 3600 / 60),
-        60.. => format!("{}m{:02}s", secs / 60, secs % 60),
-        1.. => format!("{secs}s"),
-        0 => format!("{}ms", d.as_millis()),
     }
 }
 

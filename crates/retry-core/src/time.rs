@@ -55,6 +55,17 @@ impl From<std::time::SystemTime> for Timestamp {
     }
 }
 
+/// `d` for people: `25h03m`, `4m10s`, `12s`, `350ms`.
+pub(crate) fn roughly(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        3600.. => format!("{}h{:02}m", secs / 3600, secs % 3600 / 60),
+        60.. => format!("{}m{:02}s", secs / 60, secs % 60),
+        1.. => format!("{secs}s"),
+        0 => format!("{}ms", d.as_millis()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

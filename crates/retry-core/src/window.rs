@@ -12,7 +12,10 @@
 //! [`InFlightWindow::start_ready`] returns, and reports each record's end
 //! with [`InFlightWindow::finish`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::{
+    collections::{HashMap, VecDeque},
+    hash::{BuildHasher, BuildHasherDefault, RandomState},
+};
 
 use crate::{Error, Result};
 
@@ -25,7 +28,7 @@ use crate::{Error, Result};
 ///     let mut window = InFlightWindow::new(WindowConfig::new(8, null_keys).unwrap(), 0);
 ///     window.admit(0, None).unwrap();
 ///     window.admit(1, None).unwrap();
-///     assert_eq!(window.start_ready(), ready, "{null_keys:?}");
+///     assert_eq!(window.start_ready().collect::<Vec<_>>(), ready, "{null_keys:?}");
 /// }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -88,13 +91,12 @@ impl Default for WindowConfig {
     }
 }
 
-/// The ordering group of a record: its key, the shared null-key group, or
-/// none (unordered null keys).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Lane {
-    Key(Vec<u8>),
-    NullKey,
-}
+/// A lane's identity: a keyed hash of the record's key (`None` for the
+/// shared null-key lane). Two different keys whose hashes collide share a
+/// lane: they are handled one after another instead of concurrently, each
+/// still in its own offset order (a chance of one in 2^64 per pair, and
+/// not predictable from outside: the hash key is random per window).
+type LaneId = u64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -108,11 +110,40 @@ enum State {
 
 #[derive(Debug)]
 struct Entry {
-    lane: Option<Lane>,
+    offset: i64,
+    /// Its lane, or none (unordered null keys).
+    lane: Option<LaneId>,
     state: State,
+    /// The next record of its lane, once admitted.
+    next_in_lane: Option<i64>,
+}
+
+/// Hashes lane identities, which are already keyed hashes, as they are.
+#[derive(Default)]
+struct Identity(u64);
+
+impl std::hash::Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64s are hashed; fold anything else all the same.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 /// One partition's window (see the module documentation).
+///
+/// Admitting, starting and finishing a record allocate nothing once the
+/// window has held `max_in_flight` records: its state is a ring of
+/// entries in offset order, each lane a chain through them.
 ///
 /// ```
 /// use retry_core::{InFlightWindow, WindowConfig};
@@ -122,29 +153,43 @@ struct Entry {
 ///     window.admit(offset, Some(key.as_bytes())).unwrap();
 /// }
 /// // 101 waits behind 100, which has the same key; 102 has a key of its own.
-/// assert_eq!(window.start_ready(), [100, 102]);
+/// assert!(window.start_ready().eq([100, 102]));
 /// // 100 goes to a retry topic: its key is free at once, but the partition is
 /// // committed past it only once the broker acknowledges the republication.
 /// window.release(100).unwrap();
-/// assert_eq!(window.start_ready(), [101]);
+/// assert!(window.start_ready().eq([101]));
 /// assert_eq!(window.finish(102).unwrap(), None);
 /// assert_eq!(window.finish(100).unwrap(), Some(101));
 /// assert_eq!(window.finish(101).unwrap(), Some(103));
 /// ```
-#[derive(Debug)]
 pub struct InFlightWindow {
     config: WindowConfig,
-    /// Records admitted and not yet passed by the commit position.
-    entries: BTreeMap<i64, Entry>,
-    /// Per lane, its waiting and running records in offset order; the
-    /// first one is the only one that may run.
-    lanes: HashMap<Lane, VecDeque<i64>>,
+    /// Records admitted and not yet passed by the commit position, in
+    /// offset order.
+    entries: VecDeque<Entry>,
+    /// Per lane with waiting or running records, the offset of its last
+    /// one; its first one (the only one that may run) is the lowest entry
+    /// of the lane not released or done.
+    lanes: HashMap<LaneId, i64, BuildHasherDefault<Identity>>,
+    /// Keys the lane identities.
+    hasher: RandomState,
     /// Waiting records that may start: first of their lane, or of none.
     /// Kept as records come and go, so starting costs what starts, not the
     /// whole window.
-    ready: BTreeSet<i64>,
+    ready: Vec<i64>,
     /// The next offset expected, and the commit position when the window is empty.
     next_offset: i64,
+}
+
+impl std::fmt::Debug for InFlightWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlightWindow")
+            .field("config", &self.config)
+            .field("entries", &self.entries)
+            .field("ready", &self.ready)
+            .field("next_offset", &self.next_offset)
+            .finish_non_exhaustive()
+    }
 }
 
 impl InFlightWindow {
@@ -153,9 +198,10 @@ impl InFlightWindow {
     pub fn new(config: WindowConfig, start: i64) -> Self {
         InFlightWindow {
             config,
-            entries: BTreeMap::new(),
-            lanes: HashMap::new(),
-            ready: BTreeSet::new(),
+            entries: VecDeque::with_capacity(config.max_in_flight.min(1024)),
+            lanes: HashMap::default(),
+            hasher: RandomState::new(),
+            ready: Vec::new(),
             next_offset: start,
         }
     }
@@ -189,22 +235,24 @@ impl InFlightWindow {
             )));
         }
         let lane = match (key, self.config.null_keys) {
-            (Some(key), _) => Some(Lane::Key(key.to_vec())),
-            (None, NullKeys::Ordered) => Some(Lane::NullKey),
             (None, NullKeys::Unordered) => None,
+            (key, _) => Some(self.hasher.hash_one(key)),
         };
-        let first = match &lane {
-            Some(lane) => {
-                let queue = self.lanes.entry(lane.clone()).or_default();
-                queue.push_back(offset);
-                queue.len() == 1
-            }
+        let first = match lane {
             None => true,
+            Some(lane) => match self.lanes.insert(lane, offset) {
+                None => true,
+                Some(last) => {
+                    let index = self.index_of(last).expect("a lane's last record is in the window");
+                    self.entries[index].next_in_lane = Some(offset);
+                    false
+                }
+            },
         };
         if first {
-            self.ready.insert(offset);
+            self.ready.push(offset);
         }
-        self.entries.insert(offset, Entry { lane, state: State::Waiting });
+        self.entries.push_back(Entry { offset, lane, state: State::Waiting, next_in_lane: None });
         self.next_offset = offset + 1;
         Ok(())
     }
@@ -227,14 +275,13 @@ impl InFlightWindow {
 
     /// The records that may start now, lowest offset first, marked running:
     /// those waiting with no earlier unfinished record of their key.
-    pub fn start_ready(&mut self) -> Vec<i64> {
-        let ready: Vec<i64> = std::mem::take(&mut self.ready).into_iter().collect();
-        for offset in &ready {
-            if let Some(entry) = self.entries.get_mut(offset) {
-                entry.state = State::Running;
-            }
+    pub fn start_ready(&mut self) -> std::vec::Drain<'_, i64> {
+        self.ready.sort_unstable();
+        for offset in &self.ready {
+            let index = index_in(&self.entries, *offset).expect("a ready record is in the window");
+            self.entries[index].state = State::Running;
         }
-        ready
+        self.ready.drain(..)
     }
 
     /// Records that the record at `offset` was handled but is not done yet
@@ -243,12 +290,12 @@ impl InFlightWindow {
     /// A failed key does not hold up its later records: that is the point
     /// of retrying through topics.
     pub fn release(&mut self, offset: i64) -> Result<()> {
-        let entry =
-            self.entries.get_mut(&offset).filter(|e| e.state == State::Running).ok_or_else(|| {
-                Error::InvalidWindow(format!("record at offset {offset} released but it is not running"))
-            })?;
-        entry.state = State::Released;
-        free_lane(&mut self.lanes, &mut self.ready, entry, offset);
+        let index = self
+            .index_of(offset)
+            .filter(|i| self.entries[*i].state == State::Running)
+            .ok_or_else(|| Error::InvalidWindow(format!("record at offset {offset} released but it is not running")))?;
+        self.entries[index].state = State::Released;
+        self.free_lane(index);
         Ok(())
     }
 
@@ -258,19 +305,16 @@ impl InFlightWindow {
     /// caller lost track.
     pub fn finish(&mut self, offset: i64) -> Result<Option<i64>> {
         let before = self.commit_position();
-        let entry =
-            self.entries.get_mut(&offset).filter(|e| matches!(e.state, State::Running | State::Released)).ok_or_else(
-                || Error::InvalidWindow(format!("record at offset {offset} finished but it is not running")),
-            )?;
-        if entry.state == State::Running {
-            free_lane(&mut self.lanes, &mut self.ready, entry, offset);
+        let index = self
+            .index_of(offset)
+            .filter(|i| matches!(self.entries[*i].state, State::Running | State::Released))
+            .ok_or_else(|| Error::InvalidWindow(format!("record at offset {offset} finished but it is not running")))?;
+        if self.entries[index].state == State::Running {
+            self.free_lane(index);
         }
-        entry.state = State::Done;
-        while let Some(entry) = self.entries.first_entry() {
-            if entry.get().state != State::Done {
-                break;
-            }
-            entry.remove();
+        self.entries[index].state = State::Done;
+        while self.entries.front().is_some_and(|e| e.state == State::Done) {
+            self.entries.pop_front();
         }
         let after = self.commit_position();
         Ok((after != before).then_some(after))
@@ -279,25 +323,38 @@ impl InFlightWindow {
     /// The offset to commit: the lowest record not done, or after the
     /// last record admitted when all are done.
     pub fn commit_position(&self) -> i64 {
-        self.entries.first_key_value().map_or(self.next_offset, |(offset, _)| *offset)
+        self.entries.front().map_or(self.next_offset, |e| e.offset)
     }
-}
 
-/// Lets the next record of `entry`'s lane start.
-fn free_lane(lanes: &mut HashMap<Lane, VecDeque<i64>>, ready: &mut BTreeSet<i64>, entry: &Entry, offset: i64) {
-    if let Some(lane) = &entry.lane {
-        let queue = lanes.get_mut(lane).expect("a running record's lane exists");
-        debug_assert_eq!(queue.front(), Some(&offset), "only a lane's first record runs");
-        queue.pop_front();
-        match queue.front() {
-            Some(next) => {
-                ready.insert(*next);
-            }
+    /// Where the record at `offset` is in `entries`.
+    fn index_of(&self, offset: i64) -> Option<usize> {
+        index_in(&self.entries, offset)
+    }
+
+    /// Lets the next record of the lane of the entry at `index` start.
+    fn free_lane(&mut self, index: usize) {
+        let entry = &self.entries[index];
+        let Some(lane) = entry.lane else { return };
+        match entry.next_in_lane {
+            Some(next) => self.ready.push(next),
             None => {
-                lanes.remove(lane);
+                let last = self.lanes.remove(&lane);
+                debug_assert_eq!(last, Some(entry.offset), "a lane ends at its last record");
             }
         }
     }
+}
+
+/// Where the record at `offset` is in `entries` (in offset order): at its
+/// distance from the first when no offset between was skipped, else found
+/// by halves.
+fn index_in(entries: &VecDeque<Entry>, offset: i64) -> Option<usize> {
+    let first = entries.front()?.offset;
+    let guess = usize::try_from(offset.checked_sub(first)?).ok()?;
+    if entries.get(guess).is_some_and(|e| e.offset == offset) {
+        return Some(guess);
+    }
+    entries.binary_search_by_key(&offset, |e| e.offset).ok()
 }
 
 #[cfg(test)]

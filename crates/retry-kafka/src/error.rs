@@ -70,7 +70,7 @@ pub enum Error {
     #[error("{} {}: {reason}", file.property(), path.display())]
     TlsFile {
         /// Which setting names it.
-        file: crate::TlsFile,
+        file: TlsFile,
         /// The file.
         path: std::path::PathBuf,
         /// Why it cannot be used.
@@ -139,7 +139,7 @@ pub enum Error {
     },
     /// The ladder's topics are missing or have too few partitions.
     #[error(transparent)]
-    Topics(#[from] crate::admin::topics::TopicProblems),
+    Topics(#[from] TopicProblems),
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -180,5 +180,70 @@ fn describe_support(ours_min: i16, ours_max: i16, theirs: &Option<(i16, i16)>) -
     match theirs {
         None => " at all (it is not among the requests the broker lists)".to_owned(),
         Some((min, max)) => format!(" versions {ours_min}..={ours_max} (it has {min}..={max})"),
+    }
+}
+
+/// One way the ladder's topics are not ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TopicProblem {
+    /// The topic does not exist.
+    Missing {
+        /// Its name.
+        topic: String,
+    },
+    /// A retry or dead-letter topic has fewer partitions than the source.
+    TooFewPartitions {
+        /// Its name.
+        topic: String,
+        /// Its partition count.
+        has: i32,
+        /// The source's partition count.
+        needs: i32,
+        /// The source topic.
+        source: String,
+    },
+}
+
+/// Every problem found with the ladder's topics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicProblems(pub Vec<TopicProblem>);
+
+impl std::fmt::Display for TopicProblems {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the retry ladder's topics are not ready:")?;
+        for problem in &self.0 {
+            match problem {
+                TopicProblem::Missing { topic } => write!(f, "\n  - topic {topic} is missing")?,
+                TopicProblem::TooFewPartitions { topic, has, needs, source } => {
+                    write!(f, "\n  - topic {topic} has {has} partitions, needs at least {needs} (as many as {source})")?
+                }
+            }
+        }
+        f.write_str("\ntopics are never auto-created: create them explicitly (the service's `topics create` command)")
+    }
+}
+
+impl std::error::Error for TopicProblems {}
+
+/// Which of the TLS files a problem is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFile {
+    /// The CA bundle.
+    Ca,
+    /// The client certificate.
+    Certificate,
+    /// The client key.
+    Key,
+}
+
+impl TlsFile {
+    /// The setting's name as Kafka clients write it.
+    pub fn property(self) -> &'static str {
+        match self {
+            TlsFile::Ca => "ssl.ca.location",
+            TlsFile::Certificate => "ssl.certificate.location",
+            TlsFile::Key => "ssl.key.location",
+        }
     }
 }

@@ -62,16 +62,14 @@ pub mod fuzzing {
 
 mod admin;
 mod backoff;
-mod cluster;
+mod connection;
 mod consumer;
 mod error;
 mod metrics;
 mod protocol;
 mod publisher;
-mod security;
+mod session;
 mod stats;
-
-use std::time::Duration;
 
 pub use admin::{
     dead_letters::{
@@ -80,18 +78,22 @@ pub use admin::{
     },
     offsets::GroupOffsets,
     records::{read_partition, WrittenRecord},
-    topics::{Created, CreatedTopic, TopicPlan, TopicProblem, TopicProblems, TopicRole, TopicSpec},
+    topics::{Created, CreatedTopic, TopicPlan, TopicRole, TopicSpec},
 };
-pub use consumer::listener::{Listener, ListenerConfig, OffsetReset, Readiness};
-pub use error::{Error, Result};
+pub use connection::security::{
+    ConnectionSettings, SaslCredentials, SaslMechanism, Secret, Security, SecurityProtocol, TlsSettings,
+};
+pub use connection::ConnectionConfig;
+pub use consumer::{
+    config::{ListenerConfig, OffsetReset},
+    listener::{Listener, Readiness},
+};
+pub use error::{Error, Result, TlsFile, TopicProblem, TopicProblems};
 pub use protocol::ResponseError;
 /// The handler contract, defined in [`retry_core`] so that a service's
 /// domain code needs no transport.
 #[doc(no_inline)]
 pub use retry_core::{ConsumedRecord, RecordHandler};
-pub use security::{
-    ConnectionSettings, SaslCredentials, SaslMechanism, Secret, Security, SecurityProtocol, TlsFile, TlsSettings,
-};
 pub use stats::{ListenerStats, StatsSnapshot};
 
 /// A partition of a topic.
@@ -212,100 +214,5 @@ impl std::str::FromStr for Compression {
                 )))
             }
         })
-    }
-}
-
-/// How to reach the cluster: built by [`ConnectionConfig::new`] (or
-/// [`ConnectionSettings::connection`]), which check what they are given.
-#[derive(Debug, Clone)]
-pub struct ConnectionConfig {
-    /// `host:port` of one or more brokers (never empty).
-    pub(crate) bootstrap: Vec<String>,
-    /// The client id brokers see in their logs and quotas.
-    pub(crate) client_id: String,
-    /// How long any single request may take before the connection is
-    /// considered broken (JoinGroup and SyncGroup also get the rebalance timeout).
-    pub(crate) request_timeout: Duration,
-    /// How every connection authenticates (PLAINTEXT by default).
-    pub(crate) security: Security,
-}
-
-impl ConnectionConfig {
-    /// A config for `bootstrap` (comma-separated `host:port` list) with a
-    /// 30 s request timeout; fails when the list is empty or an entry is
-    /// not `host:port`.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use retry_kafka::ConnectionConfig;
-    ///
-    /// let c = ConnectionConfig::new("kafka-1:9092, kafka-2:9092", "billing")
-    ///     .unwrap()
-    ///     .with_request_timeout(Duration::from_secs(10))
-    ///     .unwrap();
-    /// assert_eq!(c.bootstrap(), ["kafka-1:9092", "kafka-2:9092"]);
-    /// assert!(ConnectionConfig::new(" , ", "billing").is_err());
-    /// assert!(ConnectionConfig::new("kafka-1", "billing").is_err());
-    /// ```
-    pub fn new(bootstrap: &str, client_id: &str) -> Result<Self> {
-        let bootstrap: Vec<String> =
-            bootstrap.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
-        if bootstrap.is_empty() {
-            return Err(Error::Config("no bootstrap broker given (expected host:port[,host:port...])".into()));
-        }
-        for broker in &bootstrap {
-            let port = broker.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
-            if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
-                return Err(Error::Config(format!("bootstrap broker {broker:?} is not host:port")));
-            }
-        }
-        Ok(ConnectionConfig {
-            bootstrap,
-            client_id: client_id.to_owned(),
-            request_timeout: Duration::from_secs(30),
-            security: Security::default(),
-        })
-    }
-
-    /// The same with another request timeout; fails when it is zero.
-    pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self> {
-        if timeout.is_zero() {
-            return Err(Error::Config("the request timeout must be positive".into()));
-        }
-        self.request_timeout = timeout;
-        Ok(self)
-    }
-
-    /// The same with every request bounded by `bound` (when shorter).
-    pub(crate) fn bounded(mut self, bound: Duration) -> Self {
-        self.request_timeout = self.request_timeout.min(bound);
-        self
-    }
-
-    /// The same with other security settings (checked when they were built).
-    pub fn with_security(mut self, security: Security) -> Self {
-        self.security = security;
-        self
-    }
-
-    /// The bootstrap brokers, `host:port` each.
-    pub fn bootstrap(&self) -> &[String] {
-        &self.bootstrap
-    }
-
-    /// The client id brokers see in their logs and quotas.
-    pub fn client_id(&self) -> &str {
-        &self.client_id
-    }
-
-    /// How long any single request may take before the connection is
-    /// considered broken (JoinGroup and SyncGroup also get the rebalance timeout).
-    pub fn request_timeout(&self) -> Duration {
-        self.request_timeout
-    }
-
-    /// How every connection authenticates.
-    pub fn security(&self) -> &Security {
-        &self.security
     }
 }

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use retry_core::{Headers, Timestamp};
 
 use crate::{
-    cluster::Cluster,
+    connection::cluster::Cluster,
     protocol::{
         batch::{self, Codec, NewRecord, RawHeader, Sequenced},
         metadata,

@@ -129,7 +129,7 @@ impl Jobs {
                 }
             });
             let finished = job.snapshot();
-            super::audit_job(&finished);
+            super::audit::audit_job(&finished);
             drop(guard);
             job.done.send_replace(true);
         });

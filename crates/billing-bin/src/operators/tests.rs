@@ -290,7 +290,7 @@ async fn a_replay_is_a_job_and_a_second_one_waits_its_turn() {
     let requests = api.store.requests.lock().unwrap().clone();
     assert_eq!(requests.len(), 2);
     assert_eq!(requests[0].selection.keys, Some(vec![b"k1".to_vec()]));
-    assert_eq!(requests[0].guards.max_replays, Some(super::MAX_REPLAYS));
+    assert_eq!(requests[0].guards.max_replays, Some(super::state::MAX_REPLAYS));
     assert_eq!(requests[0].guards.max_age, Some(Duration::from_secs(24 * 3600)));
     assert!(requests[1].dry_run);
 }

@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 
 use crate::{
     admin::replay_lock::ReplayLock,
-    cluster::{deadline, Cluster},
+    connection::cluster::{deadline, Cluster},
     protocol::{
         batch::{Codec, RawHeader},
         fetch::{FetchError, Item, PartitionReader},
@@ -316,7 +316,7 @@ impl DeadLetterAdmin {
             publisher: Arc::new(Publisher::new(
                 cluster.clone(),
                 &connection,
-                crate::consumer::listener::DEFAULT_MAX_REQUEST_BYTES,
+                crate::protocol::produce::DEFAULT_MAX_REQUEST_BYTES,
                 Default::default(),
             )),
             operators: Mutex::new(GroupClient::new(connection.clone(), groups.operators())),

@@ -161,7 +161,7 @@ async fn keep(
             () = tokio::time::sleep(HEARTBEAT) => {}
         }
         let Some(generation) = held.borrow().clone() else { break };
-        let bound = crate::consumer::session::heartbeat_bound(SESSION, SESSION, silent_since.elapsed());
+        let bound = crate::session::heartbeat_bound(SESSION, SESSION, silent_since.elapsed());
         match client.heartbeat(generation.id, &member_id, bound).await {
             Ok(()) => silent_since = tokio::time::Instant::now(),
             Err(e)

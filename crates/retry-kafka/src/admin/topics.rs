@@ -1,55 +1,14 @@
 //! The ladder's topics: created explicitly, verified at start-up, never
 //! auto-created.
 
-use std::{collections::BTreeMap, fmt, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use retry_core::RetryTopology;
 
-use crate::{cluster::Cluster, protocol::create_topics, ConnectionConfig, Error, Result};
-
-/// A topic's part in the ladder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum TopicRole {
-    /// The topic producers write to.
-    Source,
-    /// A retry rung.
-    Retry,
-    /// The dead-letter topic.
-    DeadLetter,
-}
-
-/// One topic to create.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopicSpec {
-    /// Its name.
-    pub name: String,
-    /// Its part in the ladder.
-    pub role: TopicRole,
-    /// Its partition count.
-    pub partitions: i32,
-    /// Its replication factor.
-    pub replication_factor: i16,
-    /// Topic configs, e.g. `retention.ms`.
-    pub configs: BTreeMap<String, String>,
-}
-
-/// What [`TopicPlan::create`] did for one topic.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreatedTopic {
-    /// The topic.
-    pub topic: String,
-    /// Whether it was created or existed already.
-    pub created: Created,
-}
-
-/// Whether [`TopicPlan::create`] created a topic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Created {
-    /// The topic was created.
-    Created,
-    /// It existed already, with enough partitions.
-    AlreadyExists,
-}
+pub use crate::protocol::create_topics::{Created, CreatedTopic, TopicRole, TopicSpec};
+use crate::{
+    connection::cluster::Cluster, protocol::create_topics, ConnectionConfig, Error, Result, TopicProblem, TopicProblems,
+};
 
 /// The topics of one ladder and how to create them: every retry topic and
 /// the dead-letter topic get at least the source's partition count (so a
@@ -207,46 +166,3 @@ async fn wait_until_listed(cluster: &Cluster, topics: &[&str], timeout: Duration
         tokio::time::sleep(pauses.next()).await;
     }
 }
-
-/// One way the ladder's topics are not ready.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TopicProblem {
-    /// The topic does not exist.
-    Missing {
-        /// Its name.
-        topic: String,
-    },
-    /// A retry or dead-letter topic has fewer partitions than the source.
-    TooFewPartitions {
-        /// Its name.
-        topic: String,
-        /// Its partition count.
-        has: i32,
-        /// The source's partition count.
-        needs: i32,
-        /// The source topic.
-        source: String,
-    },
-}
-
-/// Every problem found with the ladder's topics.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopicProblems(pub Vec<TopicProblem>);
-
-impl fmt::Display for TopicProblems {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the retry ladder's topics are not ready:")?;
-        for problem in &self.0 {
-            match problem {
-                TopicProblem::Missing { topic } => write!(f, "\n  - topic {topic} is missing")?,
-                TopicProblem::TooFewPartitions { topic, has, needs, source } => {
-                    write!(f, "\n  - topic {topic} has {has} partitions, needs at least {needs} (as many as {source})")?
-                }
-            }
-        }
-        f.write_str("\ntopics are never auto-created: create them explicitly (the service's `topics create` command)")
-    }
-}
-
-impl std::error::Error for TopicProblems {}

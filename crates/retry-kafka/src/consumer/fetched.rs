@@ -2,6 +2,8 @@
 //! republication writes back (every header as it was read), or why it
 //! cannot be handled at all and goes to the dead-letter topic as it is.
 
+use std::collections::VecDeque;
+
 use bytes::Bytes;
 use retry_core::{Headers, Timestamp};
 
@@ -89,6 +91,35 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The records admitted to the window and not started yet, in offset
+/// order (they start in about that order: the ring stays short and
+/// allocates nothing once it has grown to the window).
+#[derive(Default)]
+pub(crate) struct Waiting(VecDeque<(i64, Option<Fetched>)>);
+
+impl Waiting {
+    /// Adds a record above every record in it.
+    pub(crate) fn push(&mut self, record: Fetched) {
+        debug_assert!(self.0.back().is_none_or(|(last, _)| *last < record.offset));
+        self.0.push_back((record.offset, Some(record)));
+    }
+
+    /// Takes out the record at `offset` (found by halves: a taken slot
+    /// keeps its offset until the ones below it are taken too).
+    pub(crate) fn take(&mut self, offset: i64) -> Option<Fetched> {
+        let index = self.0.binary_search_by_key(&offset, |(at, _)| *at).ok()?;
+        let record = self.0[index].1.take();
+        while self.0.front().is_some_and(|(_, slot)| slot.is_none()) {
+            self.0.pop_front();
+        }
+        record
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,15 +129,19 @@ mod tests {
         RawHeader { name: Bytes::copy_from_slice(name), value: value.map(Bytes::copy_from_slice) }
     }
 
-    fn record(headers: Vec<RawHeader>) -> Item {
-        Item::Record(RawRecord {
+    fn raw_record() -> RawRecord {
+        RawRecord {
             offset: 7,
             timestamp: 1000,
             key: Some(Bytes::from_static(b"k")),
             value: None,
-            headers,
+            headers: Vec::new(),
             codec: Codec::Zstd,
-        })
+        }
+    }
+
+    fn record(headers: Vec<RawHeader>) -> Item {
+        Item::Record(RawRecord { headers, ..raw_record() })
     }
 
     #[test]
@@ -151,5 +186,20 @@ mod tests {
         assert_eq!((f.offset, f.next_offset, f.value.as_deref()), (10, 15, Some(&b"batch"[..])));
         let poison = f.poison.expect("poison");
         assert!(poison.contains("offsets 10 to 14 (5 bytes") && poison.contains("checksum mismatch"), "{poison}");
+    }
+
+    #[test]
+    fn waiting_records_are_taken_in_any_order_and_the_ring_shrinks_from_below() {
+        let at = |offset| Fetched::of(Item::Record(RawRecord { offset, ..raw_record() }), "t", 0);
+        let mut waiting = Waiting::default();
+        for offset in [3, 4, 6, 9] {
+            waiting.push(at(offset));
+        }
+        for (take, found, left) in
+            [(4, true, 4), (5, false, 4), (3, true, 2), (9, true, 2), (6, true, 0), (6, false, 0)]
+        {
+            assert_eq!(waiting.take(take).map(|f| f.offset), found.then_some(take), "take {take}");
+            assert_eq!(waiting.0.len(), left, "after taking {take}");
+        }
     }
 }

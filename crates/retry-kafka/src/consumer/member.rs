@@ -26,12 +26,12 @@ use crate::{
     backoff::pauses,
     consumer::{
         commit::{CommitSettings, Committer, Progress},
-        listener::{Impaired, Shared},
-        position, session,
+        position,
+        shared::{Impaired, Shared},
         worker::{StopSignals, Worker},
     },
     protocol::{assignor, group::GroupClient, ResponseError},
-    RecordHandler, TopicPartition,
+    session, RecordHandler, TopicPartition,
 };
 
 /// Why a generation ended.

@@ -8,9 +8,10 @@
 
 pub(crate) mod brake;
 pub(crate) mod commit;
+pub(crate) mod config;
 pub(crate) mod fetched;
 pub(crate) mod listener;
 pub(crate) mod member;
 pub(crate) mod position;
-pub(crate) mod session;
+pub(crate) mod shared;
 pub(crate) mod worker;

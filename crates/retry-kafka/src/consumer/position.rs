@@ -12,7 +12,7 @@
 //! it lies outside: below the log start (retention deleted it) or past the
 //! log end (the log was truncated or recreated).
 
-use crate::OffsetReset;
+use crate::consumer::config::OffsetReset;
 
 /// What a fetch said that puts the position in doubt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! One assigned partition: fetch in order, wait until due (retry rungs),
 //! handle, execute the decision, report the finished offset.
 
-use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use futures_util::{
     stream::{FuturesUnordered, StreamExt},
@@ -15,19 +15,20 @@ use tracing::Instrument;
 
 use crate::{
     backoff::pauses,
-    cluster::deadline,
+    connection::cluster::deadline,
     consumer::brake::Admitted,
     consumer::commit::CommitTracker,
-    consumer::fetched::Fetched,
-    consumer::listener::{Impaired, OffsetReset, Shared},
+    consumer::config::OffsetReset,
+    consumer::fetched::{Fetched, Waiting},
     consumer::position::{self, AfterFetch, Doubt, FetchOutcome, Verdict},
-    consumer::session::ABORT_WAIT,
+    consumer::shared::{Impaired, Shared},
     metrics::{Outcome, TopicMetrics},
     protocol::{
         batch::valued_headers,
         fetch::{FetchError, PartitionReader, Readable},
     },
     publisher::{republished_headers, Outgoing, PublishFailure},
+    session::ABORT_WAIT,
     ConsumedRecord, Error, RecordHandler, TopicPartition,
 };
 
@@ -137,7 +138,7 @@ enum Event {
 struct InFlight<'a> {
     window: InFlightWindow,
     /// Admitted to the window, waiting behind an earlier record of their key.
-    admitted: HashMap<i64, Fetched>,
+    admitted: Waiting,
     running: FuturesUnordered<Handling<'a>>,
     /// Republications decided while another publish is under way: they go
     /// out together once it is acknowledged.
@@ -154,7 +155,7 @@ impl<'a> InFlight<'a> {
     fn new(config: retry_core::WindowConfig) -> Self {
         InFlight {
             window: InFlightWindow::new(config, 0),
-            admitted: HashMap::new(),
+            admitted: Waiting::default(),
             running: FuturesUnordered::new(),
             outbox: Outbox::default(),
             unacknowledged: Vec::new(),
@@ -371,7 +372,7 @@ impl<H: RecordHandler> Worker<H> {
             in_flight.window.admit(record.offset, record.key.as_deref()).expect("fetched offsets increase");
             let (at, next) = (record.offset, record.next_offset);
             *offset = next;
-            in_flight.admitted.insert(at, record);
+            in_flight.admitted.push(record);
             if next > at + 1 {
                 // An undecodable batch stands for all its offsets.
                 if let Some(position) = in_flight.window.skip_to(next) {
@@ -428,7 +429,7 @@ impl<H: RecordHandler> Worker<H> {
         }
         let TopicPartition { topic, partition } = &self.tp;
         for offset in in_flight.window.start_ready() {
-            let record = in_flight.admitted.remove(&offset).expect("a started record was admitted");
+            let record = in_flight.admitted.take(offset).expect("a started record was admitted");
             let span = tracing::info_span!(
                 "record",
                 %topic,
@@ -734,7 +735,7 @@ impl<H: RecordHandler> Worker<H> {
         if self.stage.rung().is_some() {
             let now = clock();
             let due = policy.due_at(self.stage, &meta, now);
-            if due > now && self.pause(now.until(due)).await {
+            if due > now && Box::pin(self.pause(now.until(due))).await {
                 return Processed::Left;
             }
         }
@@ -758,7 +759,14 @@ impl<H: RecordHandler> Worker<H> {
         // after it, instead of dead-lettering it: then it runs again later.
         let mut held = None;
         let (outcome, now, decision) = loop {
-            let ticket = match shared.brake.admit(&self.signals.stop, held.is_some()).await {
+            // Without a brake, nothing to wait for; with one, its wait is
+            // kept out of this (per record) future's size.
+            let admitted = if shared.brake.is_on() {
+                Box::pin(shared.brake.admit(&self.signals.stop, held.is_some())).await
+            } else {
+                Some(shared.brake.unbraked())
+            };
+            let ticket = match admitted {
                 None => return Processed::Left,
                 Some(Admitted::Run(ticket)) => ticket,
                 Some(Admitted::HoldExpired) => {
@@ -954,7 +962,7 @@ impl<H: RecordHandler> Worker<H> {
             // as ended even when its time ran out meanwhile.
             biased;
             _ = self.signals.abandon.cancelled() => {
-                self.abort(task).await;
+                Box::pin(self.abort(task)).await;
                 return None;
             }
             result = &mut task => Ok(result),
@@ -973,7 +981,7 @@ impl<H: RecordHandler> Worker<H> {
                 Err(HandlerError::permanent(format!("handler panicked: {message}")))
             }
             Err(_) => {
-                self.abort(task).await;
+                Box::pin(self.abort(task)).await;
                 self.shared.metrics.count(|s| &s.handler_timeouts);
                 Err(HandlerError::transient(format!("handler timed out after {timeout:?}")))
             }

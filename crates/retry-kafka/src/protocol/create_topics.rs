@@ -1,4 +1,8 @@
-//! CreateTopics, with the ladder's topic configs.
+//! CreateTopics, with the ladder's topic configs: what to create
+//! ([`TopicSpec`]) and what the broker did ([`CreatedTopic`]), the types
+//! administration's `TopicPlan` speaks in.
+
+use std::collections::BTreeMap;
 
 use kafka_protocol::{
     messages::{
@@ -9,10 +13,51 @@ use kafka_protocol::{
 };
 
 use super::wire::{str_bytes, Connection};
-use crate::{
-    admin::topics::{Created, CreatedTopic, TopicSpec},
-    ConnectionConfig, Error, Result,
-};
+use crate::{ConnectionConfig, Error, Result};
+
+/// A topic's part in the ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TopicRole {
+    /// The topic producers write to.
+    Source,
+    /// A retry rung.
+    Retry,
+    /// The dead-letter topic.
+    DeadLetter,
+}
+
+/// One topic to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSpec {
+    /// Its name.
+    pub name: String,
+    /// Its part in the ladder.
+    pub role: TopicRole,
+    /// Its partition count.
+    pub partitions: i32,
+    /// Its replication factor.
+    pub replication_factor: i16,
+    /// Topic configs, e.g. `retention.ms`.
+    pub configs: BTreeMap<String, String>,
+}
+
+/// What [`TopicPlan::create`](crate::TopicPlan::create) did for one topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedTopic {
+    /// The topic.
+    pub topic: String,
+    /// Whether it was created or existed already.
+    pub created: Created,
+}
+
+/// Whether [`TopicPlan::create`](crate::TopicPlan::create) created a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Created {
+    /// The topic was created.
+    Created,
+    /// It existed already, with enough partitions.
+    AlreadyExists,
+}
 
 /// Asks the first bootstrap broker to create `specs`; a topic that exists
 /// already is reported as such, any other refusal is an error naming it.

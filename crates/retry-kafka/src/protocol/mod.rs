@@ -12,7 +12,7 @@
 
 pub(crate) mod assignor;
 pub(crate) mod batch;
-mod create_topics;
+pub(crate) mod create_topics;
 pub(crate) mod fetch;
 pub(crate) mod group;
 pub(crate) mod metadata;

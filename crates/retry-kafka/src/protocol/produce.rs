@@ -16,6 +16,9 @@ use crate::{
     Error, Result,
 };
 
+/// Kafka's default `max.request.size` of producers.
+pub(crate) const DEFAULT_MAX_REQUEST_BYTES: usize = 1 << 20;
+
 /// An idempotent producer's identity, which the broker deduplicates by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Identity {

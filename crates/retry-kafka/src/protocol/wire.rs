@@ -24,7 +24,7 @@ use tokio::{
     net::TcpStream,
 };
 
-use crate::{security::tls, ConnectionConfig, Error, Result, SaslCredentials};
+use crate::{connection::security::tls, ConnectionConfig, Error, Result, SaslCredentials};
 
 /// The byte stream under a connection: TCP, or TLS over TCP.
 trait Transport: AsyncRead + AsyncWrite + Unpin + Send + Sync {}

@@ -27,7 +27,8 @@ use rskafka::{
     topic::Topic,
 };
 
-use crate::{consumer::listener::connect, ConnectionConfig, Error, Result};
+use super::connect;
+use crate::{ConnectionConfig, Error, Result};
 
 /// A replaceable rskafka client with deadlines.
 pub(crate) struct Cluster {

@@ -13,7 +13,7 @@ pub(crate) mod tls;
 use std::{fmt, str::FromStr, sync::Arc};
 
 pub use settings::ConnectionSettings;
-pub use tls::{TlsFile, TlsSettings};
+pub use tls::TlsSettings;
 
 use crate::{Error, Result};
 

@@ -1,13 +1,15 @@
 //! The OpenAPI description of the operators' API, served at
 //! `/admin/openapi.json`: generated from the routes' annotations and the
-//! request and response types of `operators::api`, never written by hand.
+//! request and response types of `api`, never written by hand.
 
 use utoipa::{
     openapi::security::{Http, HttpAuthScheme, SecurityScheme},
     Modify, OpenApi,
 };
 
-use crate::operators::{self, api};
+use axum::Json;
+
+use super::{api, handlers};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -17,12 +19,12 @@ use crate::operators::{self, api};
                        Served on OPERATOR_LISTEN only when ADMIN_TOKEN or ADMIN_TOKEN_FILE is set; every request is audit-logged."
     ),
     paths(
-        operators::list,
-        operators::messages,
-        operators::replay,
-        operators::replay_job,
-        operators::ack,
-        operators::openapi
+        handlers::list,
+        handlers::messages,
+        handlers::replay,
+        handlers::replay_job,
+        handlers::ack,
+        openapi
     ),
     components(schemas(
         api::Problem,
@@ -62,4 +64,10 @@ pub(crate) fn document() -> utoipa::openapi::OpenApi {
     let mut document = Document::openapi();
     document.info.version = env!("CARGO_PKG_VERSION").to_owned();
     document
+}
+
+#[utoipa::path(get, path = "/admin/openapi.json", tag = "meta", responses((status = 200, description = "this document")))]
+/// This document.
+pub(crate) async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(document())
 }

@@ -19,7 +19,7 @@ use rustls::{
     AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 
-use crate::{Error, Result};
+use crate::{Error, Result, TlsFile};
 
 /// Where trust and identity come from for `SSL` and `SASL_SSL`;
 /// [`TlsSettings::default`] trusts the system's CAs, presents no client
@@ -44,28 +44,6 @@ pub struct TlsSettings {
 impl Default for TlsSettings {
     fn default() -> Self {
         TlsSettings { ca_location: None, certificate_location: None, key_location: None, verify_hostname: true }
-    }
-}
-
-/// Which of the TLS files a problem is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsFile {
-    /// The CA bundle.
-    Ca,
-    /// The client certificate.
-    Certificate,
-    /// The client key.
-    Key,
-}
-
-impl TlsFile {
-    /// The setting's name as Kafka clients write it.
-    pub fn property(self) -> &'static str {
-        match self {
-            TlsFile::Ca => "ssl.ca.location",
-            TlsFile::Certificate => "ssl.certificate.location",
-            TlsFile::Key => "ssl.key.location",
-        }
     }
 }
 

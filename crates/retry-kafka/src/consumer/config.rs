@@ -1,0 +1,281 @@
+//! What a listener is told: [`ListenerConfig`] (checked when built) and
+//! where partitions without a committed offset start ([`OffsetReset`]).
+
+use std::time::Duration;
+
+use retry_core::{LadderGroups, RetryPolicy};
+
+use crate::{
+    protocol::produce::DEFAULT_MAX_REQUEST_BYTES, session, Compression, ConnectionConfig, Error, IsolationLevel, Result,
+};
+
+/// Where to start a partition that has no committed offset, or whose
+/// committed offset no longer exists (retention deleted it). Retry rungs
+/// always start at their earliest record: what was republished to them is
+/// owed its retry.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_kafka::OffsetReset;
+///
+/// assert_eq!("earliest".parse::<OffsetReset>().ok(), Some(OffsetReset::Earliest));
+/// let day_less_an_hour = OffsetReset::ByDuration(Duration::from_secs(23 * 3600));
+/// assert_eq!("by_duration:23h".parse::<OffsetReset>().ok(), Some(day_less_an_hour));
+/// let at: OffsetReset = "2026-12-01T00:00:00Z".parse().unwrap();
+/// assert_eq!(at, OffsetReset::At(retry_core::Timestamp::from_millis(1_796_083_200_000)));
+/// assert_eq!("1796083200000".parse::<OffsetReset>().ok(), Some(at));
+/// assert!("yesterday".parse::<OffsetReset>().unwrap_err().to_string().contains("earliest, latest"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OffsetReset {
+    /// The oldest record still kept.
+    #[default]
+    Earliest,
+    /// Only records produced from now on.
+    Latest,
+    /// The first record whose timestamp is at or after this time; the end
+    /// of the log when none is.
+    At(retry_core::Timestamp),
+    /// The first record produced at most this long before the partition
+    /// starts (Kafka's `by_duration`); the end of the log when none is.
+    ByDuration(Duration),
+}
+
+impl std::str::FromStr for OffsetReset {
+    type Err = Error;
+
+    /// `earliest`, `latest`, `by_duration:<duration>` (`by_duration:23h`), or
+    /// a time: RFC 3339 (`2026-12-01T00:00:00Z`) or milliseconds since the epoch.
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        let bad = |why: String| {
+            Error::Config(format!(
+                "start position {s:?} is none of earliest, latest, by_duration:<duration> (by_duration:23h) or a \
+                 time (2026-12-01T00:00:00Z, or milliseconds since the epoch){why}"
+            ))
+        };
+        match s {
+            "earliest" => return Ok(OffsetReset::Earliest),
+            "latest" => return Ok(OffsetReset::Latest),
+            _ => {}
+        }
+        if let Some(d) = s.strip_prefix("by_duration:") {
+            return retry_core::parse_duration(d).map(OffsetReset::ByDuration).map_err(|e| bad(format!(": {e}")));
+        }
+        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            let ms = s.parse::<i64>().map_err(|e| bad(format!(": {e}")))?;
+            return Ok(OffsetReset::At(retry_core::Timestamp::from_millis(ms)));
+        }
+        chrono::DateTime::parse_from_rfc3339(s)
+            .map(|t| OffsetReset::At(retry_core::Timestamp::from_millis(t.timestamp_millis())))
+            .map_err(|e| bad(if s.contains('T') { format!(": {e}") } else { String::new() }))
+    }
+}
+
+/// Everything a listener needs to know.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    /// How to reach the cluster.
+    pub connection: ConnectionConfig,
+    /// The ladder's groups, derived from the source topic's group id.
+    pub(crate) groups: LadderGroups,
+    /// The ladder's topics and decisions.
+    pub(crate) policy: RetryPolicy,
+    /// The group session timeout: without a heartbeat for this long, the
+    /// coordinator drops the member. Requests to the coordinator are
+    /// bounded by half of it (or the request timeout, if shorter), and a
+    /// heartbeat by what is left of it: a member never works on for long
+    /// on partitions the group may have given to another.
+    pub session_timeout: Duration,
+    /// How long the coordinator waits for members to rejoin in a rebalance:
+    /// longer than a revoked member's drain (its calls' time, aborting what
+    /// outlives them, a last commit), which [`Listener::start`] checks.
+    pub rebalance_timeout: Duration,
+    /// How often heartbeats are sent (at most half the session timeout).
+    pub heartbeat_interval: Duration,
+    /// How long one handler call may take; longer is a transient failure.
+    /// A rebalance lets every call in flight run its time.
+    pub handler_timeout: Duration,
+    /// On shutdown, how long records in flight may finish before they are
+    /// abandoned (and redelivered to the next owner). A rebalance waits
+    /// the longer of this and `handler_timeout`.
+    pub shutdown_grace: Duration,
+    /// A stable identity of this instance in its groups (Kafka's
+    /// `group.instance.id`, KIP-345), e.g. a StatefulSet pod's name: a
+    /// restart within the session timeout gets its partitions back with no
+    /// rebalance, and the instance does not leave its groups on shutdown
+    /// (its partitions wait for it for a session). Two running instances
+    /// must never share one: the coordinator fences the older, which then
+    /// stops consuming and reports itself not ready. `None`: a dynamic
+    /// member, which leaves on shutdown.
+    pub group_instance_id: Option<String>,
+    /// Commit finished offsets at least this often...
+    pub commit_interval: Duration,
+    /// ...or as soon as this many records finished.
+    pub commit_batch: usize,
+    /// The most bytes one fetch returns per partition: what a partition
+    /// holds in memory at once, including one waiting for its due time.
+    pub fetch_max_bytes: i32,
+    /// The same for retry rungs, smaller: a rung's head record usually waits
+    /// for its due time, and fetching far ahead of it only costs memory and
+    /// broker work.
+    pub retry_fetch_max_bytes: i32,
+    /// How long the broker may hold a fetch that has no records yet.
+    pub fetch_max_wait: Duration,
+    /// Where to start without a (valid) committed offset.
+    pub offset_reset: OffsetReset,
+    /// Which records of transactional producers are read: only committed
+    /// ones (Kafka's `read_committed`, the default), or all.
+    pub isolation_level: IsolationLevel,
+    /// The most bytes one fetched batch may decompress to; a batch that
+    /// inflates further is dead-lettered as it is, never read into memory.
+    /// `None`: 32 times `fetch_max_bytes`, and at least 16 MiB.
+    pub max_batch_inflated: Option<usize>,
+    /// How republications to retry and dead-letter topics are compressed
+    /// (by default as the record's batch was, lz4 for uncompressed ones),
+    /// so that a record that fit compressed on its topic fits on the next.
+    pub publish_compression: Compression,
+    /// First wait after a failed publish; doubles up to `publish_backoff_max`.
+    pub publish_backoff_initial: Duration,
+    /// Longest wait between publish attempts.
+    pub publish_backoff_max: Duration,
+    /// The most bytes one produce request to a retry or dead-letter topic
+    /// carries (a single larger record goes alone); keep it within the
+    /// brokers' `message.max.bytes`. A request the broker still refuses as
+    /// too large is split in two.
+    pub publish_max_request_bytes: usize,
+    /// A partition whose republications keep failing for this long (or at
+    /// once, when the broker refuses them outright: authorization, record
+    /// too large) is reported stalled: an error log, the
+    /// `kafka_retry_partition_stalled` gauge and [`Listener::is_ready`]
+    /// turning false, until a publish goes through.
+    pub publish_stall_after: Duration,
+    /// How often the dead-letter backlog (`kafka_retry_dlq_backlog`) is measured.
+    pub dlq_poll_interval: Duration,
+    /// How often each group's leader counts its topic's partitions: when
+    /// the count changed (partitions were added), it rejoins so the new
+    /// partitions get assigned.
+    pub partition_check_interval: Duration,
+    /// How many records of one partition are handled at once, and how
+    /// records without a key are ordered: records of one key are handled
+    /// one after another in offset order, records of different keys
+    /// concurrently, and the partition is committed only up to its lowest
+    /// unfinished record (see [`retry_core::InFlightWindow`]).
+    pub window: retry_core::WindowConfig,
+    /// The outage brake (off by default): when most handler calls fail
+    /// transiently, records wait instead of moving down the ladder, the
+    /// downstream is probed one record at a time, and records that
+    /// exhausted the ladder are held back from the dead-letter topic for at
+    /// most [`BrakeConfig::max_engaged`](retry_core::BrakeConfig::max_engaged).
+    /// See [`retry_core::Brake`].
+    pub brake: Option<retry_core::BrakeConfig>,
+}
+
+impl ListenerConfig {
+    /// A config with defaults: 10 s session, 3 s heartbeats, 60 s rebalance
+    /// timeout, 30 s handler timeout, 10 s shutdown grace, a dynamic member,
+    /// commits every second or 100 records, 1 MiB fetches (64 KiB on retry
+    /// rungs), 64 records in flight per partition.
+    ///
+    /// `group_id` is the source topic's consumer group; the other groups
+    /// derive from it ([`LadderGroups`]: rung `n` uses `<group_id>.retry-<label>`,
+    /// e.g. `billing.retry-5s`, so each rung's progress is visible on its
+    /// own). Fails when `group_id` cannot derive them.
+    pub fn new(connection: ConnectionConfig, group_id: &str, policy: RetryPolicy) -> Result<Self> {
+        let groups = LadderGroups::new(group_id, policy.topology())?;
+        Ok(ListenerConfig {
+            connection,
+            groups,
+            policy,
+            session_timeout: Duration::from_secs(10),
+            rebalance_timeout: Duration::from_secs(60),
+            heartbeat_interval: Duration::from_secs(3),
+            handler_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
+            group_instance_id: None,
+            commit_interval: Duration::from_secs(1),
+            commit_batch: 100,
+            fetch_max_bytes: 1 << 20,
+            retry_fetch_max_bytes: 64 << 10,
+            fetch_max_wait: Duration::from_millis(500),
+            offset_reset: OffsetReset::Earliest,
+            isolation_level: IsolationLevel::ReadCommitted,
+            max_batch_inflated: None,
+            publish_compression: Compression::AsSource,
+            publish_backoff_initial: Duration::from_millis(100),
+            publish_backoff_max: Duration::from_secs(10),
+            publish_max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            publish_stall_after: Duration::from_secs(60),
+            dlq_poll_interval: Duration::from_secs(15),
+            partition_check_interval: Duration::from_secs(30),
+            window: retry_core::WindowConfig::default(),
+            brake: None,
+        })
+    }
+
+    /// The ladder's topics and decisions.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// The consumer group of each consumed topic, and the operators' groups.
+    pub fn groups(&self) -> &LadderGroups {
+        &self.groups
+    }
+
+    /// The most bytes one fetched batch may decompress to.
+    pub(crate) fn max_batch_inflated_bytes(&self) -> usize {
+        self.max_batch_inflated.unwrap_or_else(|| (32 * self.fetch_max_bytes.max(0) as usize).max(16 << 20))
+    }
+
+    /// The timing settings, to check and use together.
+    pub(crate) fn timings(&self) -> session::Timings {
+        session::Timings {
+            request_timeout: self.connection.request_timeout,
+            session_timeout: self.session_timeout,
+            heartbeat_interval: self.heartbeat_interval,
+            rebalance_timeout: self.rebalance_timeout,
+            handler_timeout: self.handler_timeout,
+            shutdown_grace: self.shutdown_grace,
+        }
+    }
+
+    /// The coordinator's connections: requests bounded within the session.
+    pub(crate) fn group_connection(&self) -> ConnectionConfig {
+        let bound = session::request_bound(self.connection.request_timeout, self.session_timeout);
+        self.connection.clone().bounded(bound)
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let problem = if let Some(p) = self.timings().problem() {
+            Some(p)
+        } else if self.fetch_max_bytes < 1024 || self.retry_fetch_max_bytes < 1024 {
+            Some("fetch_max_bytes and retry_fetch_max_bytes must be at least 1024".to_owned())
+        } else if self.publish_backoff_initial.is_zero() || self.publish_backoff_initial > self.publish_backoff_max {
+            Some("publish_backoff_initial must be positive and at most publish_backoff_max".to_owned())
+        } else if self.publish_max_request_bytes < 1024 {
+            Some("publish_max_request_bytes must be at least 1024".to_owned())
+        } else if self.max_batch_inflated_bytes() < self.fetch_max_bytes.max(self.retry_fetch_max_bytes) as usize {
+            Some("max_batch_inflated must be at least fetch_max_bytes and retry_fetch_max_bytes".to_owned())
+        } else {
+            self.group_instance_id.as_deref().and_then(instance_id_problem)
+        };
+        match problem {
+            Some(p) => Err(Error::Config(p)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why `id` cannot be a `group.instance.id`: Kafka takes what a topic
+/// name may be (at most 249 of `a-z A-Z 0-9 . _ -`).
+fn instance_id_problem(id: &str) -> Option<String> {
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if id.is_empty() || id.len() > 249 || !id.chars().all(legal) || id == "." || id == ".." {
+        Some(format!(
+            "group_instance_id {id:?} is not a valid group.instance.id: 1 to 249 of a-z, A-Z, 0-9, '.', '_' and '-'"
+        ))
+    } else {
+        None
+    }
+}
