@@ -9,6 +9,8 @@
 //! The interop tests also run a foreign client, `interop/kafka_client.py`
 //! over confluent-kafka (librdkafka), with the python in `$KAFKA_RETRY_PYTHON`.
 
+#[cfg(doctest)]
+mod book;
 pub mod fake_provider;
 pub mod raw;
 

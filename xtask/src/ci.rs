@@ -535,6 +535,7 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     // Advisories need the advisory database from the network: not checked here.
     run(Command::new(deny).current_dir(&root).args(["check", "bans", "licenses", "sources"]))?;
     run(cargo_in_root().args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", "-D warnings"))?;
+    crate::book::book()?;
     alert_rules()?;
     run(cargo_in_root().args(["test", "--workspace"]))?;
     fuzz(CI_FUZZ_CASES)?;

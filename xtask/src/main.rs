@@ -7,6 +7,7 @@
 //! broker's temporary data directory.
 
 mod bench;
+mod book;
 mod broker;
 mod ci;
 mod circles;
@@ -62,6 +63,9 @@ enum Command {
     },
     /// The rules about dependencies and names between the crates (a part of `ci`).
     Tidy,
+    /// The book under docs/: built with mdBook, warnings denied, its links
+    /// and configuration reference checked (a part of `ci`).
+    Book,
     /// Everything CI checks: formatting, lints, unit tests, docs, dependency
     /// rules and the integration tests.
     Ci,
@@ -79,6 +83,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => demo::demo(&args),
         Command::Fuzz { cases } => ci::fuzz(cases),
         Command::Tidy => ci::tidy(),
+        Command::Book => book::book(),
         Command::Ci => ci::ci(),
     };
     match result {
