@@ -433,8 +433,8 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
         ("BILLING_PROVIDER_TIMEOUT", "0s", "--provider-timeout"),
         ("BILLING_PROVIDER_URL", "ftp://billing", "ftp"),
         ("ADMIN_LISTEN", "localhost", "--admin-listen"),
-        ("KAFKA_SECURITY_PROTOCOL", "KERBEROS", "unknown security protocol"),
-        ("KAFKA_SASL_MECHANISM", "GSSAPI", "unknown SASL mechanism"),
+        ("KAFKA_SECURITY_PROTOCOL", "KERBEROS", "KAFKA_SECURITY_PROTOCOL: unknown security protocol"),
+        ("KAFKA_SASL_MECHANISM", "GSSAPI", "KAFKA_SASL_MECHANISM: unknown SASL mechanism"),
     ];
     for (name, value, expected) in bad {
         let mut env = BTreeMap::from(env);
@@ -452,7 +452,7 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
     let secret = "sasl-secret-never-shown";
     let sasl_bad: [(&[(&str, &str)], &str); 10] = [
         (&[("KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT")], "needs a SASL mechanism"),
-        (&[("KAFKA_SASL_USERNAME", "billing"), ("KAFKA_SASL_PASSWORD", secret)], "KAFKA_SASL_MECHANISM is required"),
+        (&[("KAFKA_SASL_USERNAME", "billing"), ("KAFKA_SASL_PASSWORD", secret)], "KAFKA_SASL_MECHANISM: required"),
         (&[("KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"), ("KAFKA_SASL_PASSWORD", secret)], "KAFKA_SASL_USERNAME"),
         (
             &[
@@ -461,7 +461,7 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
                 ("KAFKA_SASL_USERNAME", "billing"),
                 ("KAFKA_SASL_PASSWORD_FILE", "/nonexistent/password"),
             ],
-            "KAFKA_SASL_PASSWORD_FILE /nonexistent/password cannot be read",
+            "KAFKA_SASL_PASSWORD_FILE: /nonexistent/password cannot be read",
         ),
         (
             &[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_CA_LOCATION", "/nonexistent/ca.pem")],
@@ -470,11 +470,11 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
         (&[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_CA_LOCATION", "/dev/null")], "holds no PEM certificate"),
         (
             &[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_CERTIFICATE_LOCATION", "/tmp/client.pem")],
-            "KAFKA_SSL_KEY_LOCATION is required with KAFKA_SSL_CERTIFICATE_LOCATION",
+            "KAFKA_SSL_KEY_LOCATION: required with KAFKA_SSL_CERTIFICATE_LOCATION",
         ),
         (
             &[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_KEY_LOCATION", "/tmp/client.key")],
-            "KAFKA_SSL_CERTIFICATE_LOCATION is required with KAFKA_SSL_KEY_LOCATION",
+            "KAFKA_SSL_CERTIFICATE_LOCATION: required with KAFKA_SSL_KEY_LOCATION",
         ),
         (&[("KAFKA_SECURITY_PROTOCOL", "SSL"), ("KAFKA_SSL_ENDPOINT_IDENTIFICATION", "maybe")], "expected https"),
         (&[("KAFKA_SSL_CA_LOCATION", "/tmp/ca.pem")], "set it to SSL"),

@@ -304,13 +304,9 @@ async fn mock_only_a_partition_that_cannot_publish_stalls_visibly_and_resumes() 
     let mut config = ladder.config();
     config.publish_backoff_max = Duration::from_millis(300);
     let listener = retry_kafka::Listener::start(config, Arc::clone(&handler)).await.unwrap();
-    let mut registry = prometheus_client::registry::Registry::default();
-    listener.register_metrics(&mut registry);
-    let stalled_gauge = |registry: &prometheus_client::registry::Registry| {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
-        let line = format!("kafka_retry_partition_stalled{{topic=\"{}\",partition=\"0\"}}", ladder.source());
-        text.lines().find_map(|l| l.strip_prefix(&line).map(|v| v.trim().to_owned()))
+    let metrics = listener.metrics();
+    let stalled_gauge = |metrics: &retry_kafka::MetricsExposition| {
+        metrics.sample("kafka_retry_partition_stalled", &format!("topic=\"{}\",partition=\"0\"", ladder.source()))
     };
     eventually("ready", SETTLE, || async { listener.is_ready().then_some(()) }).await;
 
@@ -318,7 +314,7 @@ async fn mock_only_a_partition_that_cannot_publish_stalls_visibly_and_resumes() 
     let stalled = produce(ladder.source(), 0, "s", "{}", &[]).await;
     produce(ladder.source(), 0, "after", "{}", &[]).await;
     eventually("the stall to show", SETTLE, || async {
-        (!listener.is_ready() && stalled_gauge(&registry).as_deref() == Some("1")).then_some(())
+        (!listener.is_ready() && stalled_gauge(&metrics) == Some(1.0)).then_some(())
     })
     .await;
     // Records of other keys go on within the window, but nothing is
@@ -330,7 +326,7 @@ async fn mock_only_a_partition_that_cannot_publish_stalls_visibly_and_resumes() 
         (listener.is_ready() && handler.succeeded("s") && handler.succeeded("after")).then_some(())
     })
     .await;
-    assert_eq!(stalled_gauge(&registry).as_deref(), Some("0"));
+    assert_eq!(stalled_gauge(&metrics), Some(0.0));
     eventually("the source group to commit both", SETTLE, || async {
         (committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0] == Some(2)).then_some(())
     })

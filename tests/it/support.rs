@@ -462,10 +462,5 @@ pub(crate) async fn start_joined_with(config: ListenerConfig, handler: Arc<Scrip
 /// How many assignments `listener`'s member of `group` received, from its
 /// Prometheus metrics.
 pub(crate) fn rebalances_of(listener: &retry_kafka::Listener, group: &str) -> u64 {
-    let mut registry = prometheus_client::registry::Registry::default();
-    listener.register_metrics(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    let sample = format!("kafka_retry_rebalances_total{{group=\"{group}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(&sample)?.trim().parse().ok()).unwrap_or(0)
+    listener.metrics().sample("kafka_retry_rebalances_total", &format!("group=\"{group}\"")).map_or(0, |v| v as u64)
 }

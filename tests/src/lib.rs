@@ -719,7 +719,7 @@ pub async fn rskafka_client() -> rskafka::client::Client {
         deadline: Some(Duration::from_secs(5)),
     };
     let builder = rskafka::client::ClientBuilder::new(bootstrap()).client_id("kafka-retry-it").backoff_config(backoff);
-    let build = security().configure_rskafka(builder).build();
+    let build = retry_kafka::Security::configure_rskafka(builder, &security()).build();
     match tokio::time::timeout(BROKER_TIMEOUT, build).await {
         Ok(Ok(client)) => client,
         Ok(Err(e)) => panic!("cannot connect to the broker at {addr}: {e}"),

@@ -566,6 +566,7 @@ pub(crate) fn tidy() -> anyhow::Result<()> {
     tidy_ladder_names()?;
     tidy_transport_free()?;
     tidy_layers()?;
+    tidy_public_api()?;
     tidy_circles()?;
     tidy_core_examples()
 }
@@ -646,6 +647,64 @@ fn tidy_layers() -> anyhow::Result<()> {
         "only crates/retry-kafka/src/protocol/ may name kafka_protocol; these do",
         "only retry-kafka's protocol/ names kafka_protocol",
     )
+}
+
+/// The crates whose types retry-kafka's public API must not name: a
+/// service that upgrades one of them, or never heard of it, must not have to
+/// care. (`bytes` is the vocabulary of retry-core's records, so it may.)
+const HIDDEN_DEPENDENCIES: &[&str] =
+    &["rskafka", "kafka_protocol", "prometheus_client", "tokio", "tokio_util", "rustls", "tracing"];
+
+/// retry-kafka's public items (functions, types, fields, re-exports) name
+/// no type of [`HIDDEN_DEPENDENCIES`], except test hooks behind a feature.
+fn tidy_public_api() -> anyhow::Result<()> {
+    let src = workspace_root().join("crates").join("retry-kafka").join("src");
+    let mut offenders = Vec::new();
+    for (path, text) in rust_files(std::slice::from_ref(&src), &[])? {
+        for (line, signature) in public_signatures(&text) {
+            if let Some(dependency) = HIDDEN_DEPENDENCIES.iter().find(|d| signature.contains(&format!("{d}::"))) {
+                let shown = path.strip_prefix(workspace_root()).unwrap_or(&path).display().to_string();
+                offenders.push(format!("{shown}:{line}: names {dependency}: {signature}"));
+            }
+        }
+    }
+    verdict(
+        offenders,
+        "retry-kafka's public API names a dependency's type (wrap it, or put a test hook behind a feature)",
+        "retry-kafka's public API names no dependency's type",
+    )
+}
+
+/// Each public item's signature in `text` (from `pub` to the `{`, `;` or,
+/// for a field, `,` that ends it), with its line; items behind a
+/// `#[cfg(feature = ...)]` test hook are left out.
+fn public_signatures(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    for (n, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        if !trimmed.starts_with("pub ") || trimmed.starts_with("pub mod ") {
+            continue;
+        }
+        let hook = lines[n.saturating_sub(3)..n].iter().any(|l| l.contains("#[cfg(feature = "));
+        if hook {
+            continue;
+        }
+        // A function's parameters end their lines with commas; a field ends with one.
+        let function = trimmed.split('(').next().is_some_and(|head| head.split_whitespace().any(|w| w == "fn"));
+        let mut signature = String::new();
+        for more in &lines[n..] {
+            signature.push_str(more.trim());
+            signature.push(' ');
+            let end = more.trim_end();
+            if more.contains('{') || end.ends_with(';') || (!function && end.ends_with(',')) {
+                break;
+            }
+        }
+        let end = signature.find(['{', ';']).unwrap_or(signature.len());
+        found.push((n + 1, signature[..end].trim().to_owned()));
+    }
+    found
 }
 
 /// What retry-core may depend on: a buffer type, an error derive, and what
@@ -856,6 +915,19 @@ fn verdict(mut offenders: Vec<String>, problem: &str, fine: &str) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn public_signatures_are_read_whole_and_test_hooks_left_out() {
+        let text = "pub struct A {\n    pub client: rskafka::Client,\n    inner: u8,\n}\n\
+                    pub fn f(\n    x: u8,\n) -> tokio::task::JoinHandle<()> {\n}\n\
+                    pub(crate) fn g() -> rustls::Config {}\n\
+                    #[cfg(feature = \"test-hooks\")]\npub fn hook(b: rskafka::Builder) {}\n";
+        let named: Vec<String> = public_signatures(text).into_iter().map(|(_, s)| s).collect();
+        assert_eq!(
+            named,
+            ["pub struct A", "pub client: rskafka::Client,", "pub fn f( x: u8, ) -> tokio::task::JoinHandle<()>"]
+        );
+    }
 
     fn names(listed: &[&str]) -> Vec<String> {
         listed.iter().map(|n| (*n).to_owned()).collect()

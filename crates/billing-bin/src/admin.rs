@@ -14,8 +14,7 @@ use axum::{
     routing::get,
     Router,
 };
-use prometheus_client::registry::Registry;
-use retry_kafka::Readiness;
+use retry_kafka::{MetricsExposition, Readiness};
 
 use crate::http::{HttpLimits, Server};
 
@@ -31,9 +30,9 @@ impl Admin {
         self.server.addr()
     }
 
-    /// From now on, `/readyz` follows the listener and `/metrics` shows `registry`.
-    pub(crate) fn set_running(&self, readiness: Readiness, registry: Registry) {
-        let _ = self.ready.set(Running { readiness, registry });
+    /// From now on, `/readyz` follows the listener and `/metrics` shows its `metrics`.
+    pub(crate) fn set_running(&self, readiness: Readiness, metrics: MetricsExposition) {
+        let _ = self.ready.set(Running { readiness, metrics });
     }
 
     /// Stops accepting, finishes requests under way.
@@ -59,7 +58,7 @@ pub(crate) async fn serve(addr: SocketAddr, limits: HttpLimits) -> std::io::Resu
 /// What the endpoints show once the listener runs.
 struct Running {
     readiness: Readiness,
-    registry: Registry,
+    metrics: MetricsExposition,
 }
 
 async fn readyz(State(ready): State<Arc<OnceLock<Running>>>) -> (StatusCode, &'static str) {
@@ -71,13 +70,9 @@ async fn readyz(State(ready): State<Arc<OnceLock<Running>>>) -> (StatusCode, &'s
 }
 
 async fn metrics(State(ready): State<Arc<OnceLock<Running>>>) -> impl IntoResponse {
-    let mut text = String::new();
-    if let Some(running) = ready.get() {
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &running.registry) {
-            return (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], format!("{e}\n"));
-        }
-    } else {
-        text.push_str("# EOF\n");
-    }
-    (StatusCode::OK, [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text)
+    let text = match ready.get() {
+        Some(running) => running.metrics.encode(),
+        None => "# EOF\n".to_owned(),
+    };
+    (StatusCode::OK, [(header::CONTENT_TYPE, MetricsExposition::CONTENT_TYPE)], text)
 }

@@ -237,10 +237,8 @@ impl KafkaArgs {
             ssl_key_location: self.ssl_key_location.clone(),
             ssl_endpoint_identification: Some(self.ssl_endpoint_identification.clone()),
         };
-        let config = |e: retry_kafka::Error| match e {
-            retry_kafka::Error::Config(problem) => Failure::Config(problem),
-            other => Failure::Config(other.to_string()),
-        };
+        // Every error here is a setting's (it names the KAFKA_* variable).
+        let config = |e: retry_kafka::Error| Failure::Config(e.to_string());
         settings.connection("billing-bin").and_then(|c| c.with_request_timeout(KAFKA_REQUEST_TIMEOUT)).map_err(config)
     }
 }
@@ -464,7 +462,9 @@ impl RunArgs {
             ("window", Some(age)) => Ok(retry_kafka::OffsetReset::ByDuration(age)),
             ("window", None) => Ok(retry_kafka::OffsetReset::Earliest),
             (other, _) => other.parse().map_err(|e: retry_kafka::Error| match e {
-                retry_kafka::Error::Config(problem) => Failure::Config(format!("BILLING_START_AT: {problem}")),
+                retry_kafka::Error::InvalidSetting { problem, .. } => {
+                    Failure::Config(format!("BILLING_START_AT: {problem}"))
+                }
                 other => Failure::Config(format!("BILLING_START_AT: {other}")),
             }),
         }

@@ -14,7 +14,7 @@ impl From<KafkaError> for Failure {
             KafkaError::Topics(problems) => {
                 Failure::Runtime(format!("{problems}\ncreate them with `billing-bin topics create`"))
             }
-            KafkaError::Config(message) => Failure::Config(message),
+            e @ KafkaError::InvalidSetting { .. } => Failure::Config(e.to_string()),
             other => Failure::Runtime(other.to_string()),
         }
     }

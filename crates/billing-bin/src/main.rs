@@ -137,9 +137,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
         .map(|(_, topic, group)| (topic.to_owned(), group.to_owned()))
         .collect();
     let listener = Listener::start(config, Arc::new(handler)).await?;
-    let mut registry = prometheus_client::registry::Registry::default();
-    listener.register_metrics(&mut registry);
-    admin.set_running(listener.readiness(), registry);
+    admin.set_running(listener.readiness(), listener.metrics());
     info!(topic = %kafka.topic, schedule = %kafka.retry_schedule, ?groups, "billing service started");
 
     wait_for_shutdown_signal().await;

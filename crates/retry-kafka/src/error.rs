@@ -108,7 +108,7 @@ pub enum Error {
         /// What it was about (a group, a topic-partition), when known.
         context: Option<String>,
         /// The broker's error.
-        error: crate::protocol::ResponseError,
+        error: BrokerError,
     },
     /// Another instance replays this dead-letter topic.
     #[error("a replay is running on another instance ({holder}, operators' group {group}): wait for it to end")]
@@ -128,29 +128,60 @@ pub enum Error {
     /// Records cannot be handled out of order here (see the reason).
     #[error("{0}")]
     NotRecordable(String),
-    /// rskafka (produce, fetch, metadata) failed.
+    /// The client library beneath (topic listings, partition offsets) failed.
     #[error("{what}: {source}")]
     Client {
         /// What was being done, e.g. `produce to orders.retry-5s/0`.
         what: String,
-        /// rskafka's error.
+        /// The client library's error.
         #[source]
-        source: rskafka::client::error::Error,
+        source: ClientError,
     },
     /// The ladder's topics are missing or have too few partitions.
     #[error(transparent)]
     Topics(#[from] TopicProblems),
-    /// The configuration is invalid.
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    /// A setting is invalid, or does not fit with another (checked before
+    /// anything connects, or when the broker turns out unable to serve it).
+    #[error("{setting}: {problem}")]
+    InvalidSetting {
+        /// Which setting: the environment variable where
+        /// [`ConnectionSettings`](crate::ConnectionSettings) reads one
+        /// (`KAFKA_SASL_MECHANISM`), else the field of the config
+        /// (`ListenerConfig::session_timeout`).
+        setting: &'static str,
+        /// What is wrong with it, and what to do.
+        problem: String,
+    },
+    /// A topic the call needs does not exist.
+    #[error("topic {topic} does not exist: {remedy}")]
+    MissingTopic {
+        /// The topic.
+        topic: String,
+        /// What to do.
+        remedy: &'static str,
+    },
     /// Invalid configuration or names, from retry-core.
     #[error(transparent)]
     Core(#[from] retry_core::Error),
 }
 
 impl Error {
+    /// An invalid `setting`: `problem` says what is wrong and what to do.
+    pub(crate) fn setting(setting: &'static str, problem: impl Into<String>) -> Error {
+        Error::InvalidSetting { setting, problem: problem.into() }
+    }
+
+    /// The same error, an invalid setting renamed `setting` (as the
+    /// environment variable it was read from).
+    pub(crate) fn for_setting(self, setting: &'static str) -> Error {
+        match self {
+            Error::InvalidSetting { problem, .. } => Error::InvalidSetting { setting, problem },
+            other => Error::InvalidSetting { setting, problem: other.to_string() },
+        }
+    }
+
     /// The broker error code, if the broker answered with one.
-    pub fn broker_error(&self) -> Option<crate::protocol::ResponseError> {
+    pub fn broker_error(&self) -> Option<BrokerError> {
         match self {
             Error::Broker { error, .. } => Some(*error),
             _ => None,
@@ -160,7 +191,6 @@ impl Error {
     /// Whether the connection this came from must be dropped and re-made:
     /// transport failures, timeouts, and a coordinator that moved.
     pub(crate) fn needs_reconnect(&self) -> bool {
-        use crate::protocol::ResponseError::*;
         match self {
             Error::Connect { .. }
             | Error::Io { .. }
@@ -168,10 +198,70 @@ impl Error {
             | Error::Timeout { .. }
             | Error::Protocol { .. } => true,
             Error::Broker { error, .. } => {
-                matches!(error, NotCoordinator | CoordinatorNotAvailable | CoordinatorLoadInProgress)
+                matches!(
+                    *error,
+                    BrokerError::NOT_COORDINATOR
+                        | BrokerError::COORDINATOR_NOT_AVAILABLE
+                        | BrokerError::COORDINATOR_LOAD_IN_PROGRESS
+                )
             }
             _ => false,
         }
+    }
+}
+
+/// An error code a broker answered with. Compare it with the constants
+/// (`BrokerError::NOT_COORDINATOR`...); it shows as Kafka names it
+/// (`NOT_COORDINATOR (error 16)`), and says whether Kafka deems it
+/// retriable.
+///
+/// ```
+/// use retry_kafka::BrokerError;
+///
+/// let error = BrokerError::from_code(16);
+/// assert_eq!(error, BrokerError::NOT_COORDINATOR);
+/// assert_eq!((error.name(), error.is_retriable()), ("NOT_COORDINATOR".to_owned(), true));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BrokerError(i16);
+
+impl BrokerError {
+    /// The error of `code`, as a broker answered it.
+    pub const fn from_code(code: i16) -> BrokerError {
+        BrokerError(code)
+    }
+
+    /// Its code in the Kafka protocol.
+    pub const fn code(self) -> i16 {
+        self.0
+    }
+}
+
+/// What the client library beneath (which lists topics and reads
+/// partition offsets) said went wrong: its message and its chain of causes.
+pub struct ClientError(Box<dyn std::error::Error + Send + Sync>);
+
+impl ClientError {
+    pub(crate) fn new(error: impl std::error::Error + Send + Sync + 'static) -> ClientError {
+        ClientError(Box::new(error))
+    }
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::fmt::Debug for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
     }
 }
 

@@ -88,8 +88,8 @@ pub use consumer::{
     config::{ListenerConfig, OffsetReset},
     listener::{Listener, Readiness},
 };
-pub use error::{Error, Result, TlsFile, TopicProblem, TopicProblems};
-pub use protocol::ResponseError;
+pub use error::{BrokerError, ClientError, Error, Result, TlsFile, TopicProblem, TopicProblems};
+pub use metrics::MetricsExposition;
 /// The handler contract, defined in [`retry_core`] so that a service's
 /// domain code needs no transport.
 #[doc(no_inline)]
@@ -147,9 +147,10 @@ impl std::str::FromStr for IsolationLevel {
         match s {
             "read_committed" => Ok(IsolationLevel::ReadCommitted),
             "read_uncommitted" => Ok(IsolationLevel::ReadUncommitted),
-            other => {
-                Err(Error::Config(format!("isolation level {other:?} is neither read_committed nor read_uncommitted")))
-            }
+            other => Err(Error::setting(
+                "ListenerConfig::isolation_level",
+                format!("{other:?} is neither read_committed nor read_uncommitted"),
+            )),
         }
     }
 }
@@ -209,9 +210,10 @@ impl std::str::FromStr for Compression {
             "lz4" => Compression::Lz4,
             "zstd" => Compression::Zstd,
             other => {
-                return Err(Error::Config(format!(
-                    "compression {other:?} is none of as-source, none, gzip, snappy, lz4, zstd"
-                )))
+                return Err(Error::setting(
+                    "ListenerConfig::publish_compression",
+                    format!("{other:?} is none of as-source, none, gzip, snappy, lz4, zstd"),
+                ))
             }
         })
     }

@@ -2,25 +2,7 @@
 //! dashboards and the alert rules in `docker/prometheus/alerts.yml` use them.
 //! Each event is reported once, here: the methods below count it in the
 //! Prometheus family and in the [`ListenerStats`] a program reads, so the
-//! two never disagree.
-//!
-//! | metric | labels | meaning |
-//! | --- | --- | --- |
-//! | `kafka_retry_records_total` | `topic`, `outcome` | records done: `success`, `retry`, `dead_letter` |
-//! | `kafka_retry_handler_duration_seconds` | `topic` | handler call durations (histogram) |
-//! | `kafka_retry_publish_failures_total` | `topic` | failed publish attempts to a retry or dead-letter topic |
-//! | `kafka_retry_commit_failures_total` | `group` | failed offset commits |
-//! | `kafka_retry_rebalances_total` | `group` | assignments received |
-//! | `kafka_retry_offset_resets_total` | `topic` | positions reset (committed offset out of range) |
-//! | `kafka_retry_consumer_lag` | `topic`, `partition` | high watermark minus the position |
-//! | `kafka_retry_dlq_backlog` | `topic` | dead-letter records not yet replayed or acknowledged |
-//! | `kafka_retry_dlq_lost_to_retention` | `topic` | dead-letter records retention deleted before operators replayed or acknowledged them |
-//! | `kafka_retry_partition_stalled` | `topic`, `partition` | 1 while the partition's republications keep failing (the broker refuses them), else 0 |
-//! | `kafka_retry_brake_state` | `topic` (the source) | the outage brake: 0 running, 1 probing, 2 paused (absent when the brake is off) |
-//! | `kafka_retry_brake_engagements_total` | `topic` (the source) | how often the brake engaged |
-//! | `kafka_retry_member_evictions_total` | `group` | members the group dropped while they drained their partitions, or fenced by another instance with their `group.instance.id` |
-//! | `kafka_retry_worker_failures_total` | `group` | partition workers that ended while their partition was assigned (a bug: the member rejoins) |
-//! | `kafka_retry_detached_handler_calls` | `topic` | handler calls that ignored their cancellation and still run (the listener is not ready meanwhile) |
+//! two never disagree. Their names and labels: [`MetricsExposition`].
 
 use std::time::Duration;
 
@@ -42,6 +24,63 @@ use std::sync::{
 use crate::ListenerStats;
 
 type Labels = Vec<(&'static str, String)>;
+
+/// A listener's Prometheus metrics, as a `/metrics` endpoint serves them:
+/// cheap to clone, so the endpoint can hold one (from
+/// [`Listener::metrics`](crate::Listener::metrics)). Names and labels are
+/// part of the API: dashboards and the alert rules in
+/// `docker/prometheus/alerts.yml` use them.
+///
+/// | metric | labels | meaning |
+/// | --- | --- | --- |
+/// | `kafka_retry_records_total` | `topic`, `outcome` | records done: `success`, `retry`, `dead_letter` |
+/// | `kafka_retry_handler_duration_seconds` | `topic` | handler call durations (histogram) |
+/// | `kafka_retry_publish_failures_total` | `topic` | failed publish attempts to a retry or dead-letter topic |
+/// | `kafka_retry_commit_failures_total` | `group` | failed offset commits |
+/// | `kafka_retry_rebalances_total` | `group` | assignments received |
+/// | `kafka_retry_offset_resets_total` | `topic` | positions reset (committed offset out of range) |
+/// | `kafka_retry_consumer_lag` | `topic`, `partition` | high watermark minus the position |
+/// | `kafka_retry_dlq_backlog` | `topic` | dead-letter records not yet replayed or acknowledged |
+/// | `kafka_retry_dlq_lost_to_retention` | `topic` | dead-letter records retention deleted before operators replayed or acknowledged them |
+/// | `kafka_retry_partition_stalled` | `topic`, `partition` | 1 while the partition's republications keep failing (the broker refuses them), else 0 |
+/// | `kafka_retry_brake_state` | `topic` (the source) | the outage brake: 0 running, 1 probing, 2 paused (absent when the brake is off) |
+/// | `kafka_retry_brake_engagements_total` | `topic` (the source) | how often the brake engaged |
+/// | `kafka_retry_member_evictions_total` | `group` | members the group dropped while they drained their partitions, or fenced by another instance with their `group.instance.id` |
+/// | `kafka_retry_worker_failures_total` | `group` | partition workers that ended while their partition was assigned (a bug: the member rejoins) |
+/// | `kafka_retry_detached_handler_calls` | `topic` | handler calls that ignored their cancellation and still run (the listener is not ready meanwhile) |
+#[derive(Clone)]
+pub struct MetricsExposition(Arc<Registry>);
+
+impl MetricsExposition {
+    /// The content type of [`encode`](Self::encode)'s text.
+    pub const CONTENT_TYPE: &'static str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+    pub(crate) fn of(metrics: &Metrics) -> MetricsExposition {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        MetricsExposition(Arc::new(registry))
+    }
+
+    /// The metrics now, in the OpenMetrics text format (`# EOF` included).
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.0).expect("writing to a String does not fail");
+        text
+    }
+
+    /// The value of the sample `name{labels}` (labels as written in the
+    /// text, e.g. `topic="orders",partition="0"`), if it is there.
+    pub fn sample(&self, name: &str, labels: &str) -> Option<f64> {
+        let prefix = if labels.is_empty() { format!("{name} ") } else { format!("{name}{{{labels}}} ") };
+        self.encode().lines().find_map(|line| line.strip_prefix(&prefix)?.trim().parse().ok())
+    }
+}
+
+impl std::fmt::Debug for MetricsExposition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsExposition").finish_non_exhaustive()
+    }
+}
 
 /// Every metric of one listener; cheap to clone (the families are shared).
 #[derive(Clone)]

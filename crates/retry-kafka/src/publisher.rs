@@ -19,9 +19,8 @@ use crate::{
         metadata,
         produce::{self, Identity, Written},
         wire::Connection,
-        ResponseError,
     },
-    ConnectionConfig, Error, Result,
+    BrokerError, ConnectionConfig, Error, Result,
 };
 
 /// Publishes to any topic-partition of the cluster.
@@ -76,22 +75,23 @@ pub(crate) enum PublishFailure {
 
 impl PublishFailure {
     /// Classifies a broker's answer to a produce request.
-    pub(crate) fn of(error: ResponseError) -> PublishFailure {
-        use ResponseError::*;
+    pub(crate) fn of(error: BrokerError) -> PublishFailure {
         match error {
-            MessageTooLarge | RecordListTooLarge => PublishFailure::TooLarge,
-            NotEnoughReplicas | NotEnoughReplicasAfterAppend => PublishFailure::UnderReplicated,
-            TopicAuthorizationFailed
-            | ClusterAuthorizationFailed
-            | TransactionalIdAuthorizationFailed
-            | InvalidRecord
-            | CorruptMessage
-            | InvalidTopicException
-            | InvalidRequiredAcks
-            | UnsupportedForMessageFormat
-            | UnsupportedCompressionType
-            | InvalidTimestamp
-            | PolicyViolation => PublishFailure::Refused,
+            BrokerError::MESSAGE_TOO_LARGE | BrokerError::RECORD_LIST_TOO_LARGE => PublishFailure::TooLarge,
+            BrokerError::NOT_ENOUGH_REPLICAS | BrokerError::NOT_ENOUGH_REPLICAS_AFTER_APPEND => {
+                PublishFailure::UnderReplicated
+            }
+            BrokerError::TOPIC_AUTHORIZATION_FAILED
+            | BrokerError::CLUSTER_AUTHORIZATION_FAILED
+            | BrokerError::TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            | BrokerError::INVALID_RECORD
+            | BrokerError::CORRUPT_MESSAGE
+            | BrokerError::INVALID_TOPIC_EXCEPTION
+            | BrokerError::INVALID_REQUIRED_ACKS
+            | BrokerError::UNSUPPORTED_FOR_MESSAGE_FORMAT
+            | BrokerError::UNSUPPORTED_COMPRESSION_TYPE
+            | BrokerError::INVALID_TIMESTAMP
+            | BrokerError::POLICY_VIOLATION => PublishFailure::Refused,
             _ => PublishFailure::Retriable,
         }
     }
@@ -101,7 +101,7 @@ impl PublishFailure {
         match error {
             Error::Broker { api: "Produce", error, .. } => PublishFailure::of(*error),
             // A target topic that vanished or lost partitions.
-            Error::Config(_) => PublishFailure::Refused,
+            Error::MissingTopic { .. } => PublishFailure::Refused,
             _ => PublishFailure::Retriable,
         }
     }
@@ -333,11 +333,11 @@ impl Publisher {
         .await;
         if let Err(e) = &result {
             match e {
-                Error::Broker { error, .. } => match error {
-                    ResponseError::OutOfOrderSequenceNumber
-                    | ResponseError::UnknownProducerId
-                    | ResponseError::InvalidProducerEpoch
-                    | ResponseError::ProducerFenced => {
+                Error::Broker { error, .. } => match *error {
+                    BrokerError::OUT_OF_ORDER_SEQUENCE_NUMBER
+                    | BrokerError::UNKNOWN_PRODUCER_ID
+                    | BrokerError::INVALID_PRODUCER_EPOCH
+                    | BrokerError::PRODUCER_FENCED => {
                         // The broker lost track of us: a new identity, sequences from 0.
                         tracing::warn!(%topic, partition, error = ?error, "the broker does not know the producer's sequence; starting a new producer id");
                         self.forget_identity().await;
@@ -438,7 +438,7 @@ impl Publisher {
             .get(topic)
             .copied()
             .filter(|n| *n > 0)
-            .ok_or_else(|| Error::Config(format!("topic {topic} does not exist: create the ladder's topics first")))
+            .ok_or_else(|| Error::MissingTopic { topic: topic.to_owned(), remedy: "create the ladder's topics first" })
     }
 }
 
@@ -600,16 +600,16 @@ mod tests {
     #[test]
     fn publish_failures() {
         let check = |error, expected| assert_eq!(PublishFailure::of(error), expected, "{error:?}");
-        check(ResponseError::NotLeaderOrFollower, PublishFailure::Retriable);
-        check(ResponseError::RequestTimedOut, PublishFailure::Retriable);
-        check(ResponseError::NotEnoughReplicas, PublishFailure::UnderReplicated);
-        check(ResponseError::NotEnoughReplicasAfterAppend, PublishFailure::UnderReplicated);
-        check(ResponseError::MessageTooLarge, PublishFailure::TooLarge);
-        check(ResponseError::RecordListTooLarge, PublishFailure::TooLarge);
-        check(ResponseError::TopicAuthorizationFailed, PublishFailure::Refused);
-        check(ResponseError::ClusterAuthorizationFailed, PublishFailure::Refused);
-        check(ResponseError::InvalidRecord, PublishFailure::Refused);
-        check(ResponseError::PolicyViolation, PublishFailure::Refused);
+        check(BrokerError::NOT_LEADER_OR_FOLLOWER, PublishFailure::Retriable);
+        check(BrokerError::REQUEST_TIMED_OUT, PublishFailure::Retriable);
+        check(BrokerError::NOT_ENOUGH_REPLICAS, PublishFailure::UnderReplicated);
+        check(BrokerError::NOT_ENOUGH_REPLICAS_AFTER_APPEND, PublishFailure::UnderReplicated);
+        check(BrokerError::MESSAGE_TOO_LARGE, PublishFailure::TooLarge);
+        check(BrokerError::RECORD_LIST_TOO_LARGE, PublishFailure::TooLarge);
+        check(BrokerError::TOPIC_AUTHORIZATION_FAILED, PublishFailure::Refused);
+        check(BrokerError::CLUSTER_AUTHORIZATION_FAILED, PublishFailure::Refused);
+        check(BrokerError::INVALID_RECORD, PublishFailure::Refused);
+        check(BrokerError::POLICY_VIOLATION, PublishFailure::Refused);
     }
 
     #[test]

@@ -486,7 +486,7 @@ impl DeadLetterAdmin {
             FetchError::OutOfRange => Error::Broker {
                 api: "Fetch",
                 context: Some(format!("{}/{partition}@{from}", self.topic())),
-                error: crate::protocol::ResponseError::OffsetOutOfRange,
+                error: crate::BrokerError::OFFSET_OUT_OF_RANGE,
             },
             FetchError::NoAnswer(e) | FetchError::Failed(e) => e,
         })?;

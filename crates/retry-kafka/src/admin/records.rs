@@ -52,7 +52,7 @@ pub async fn read_partition(
             FetchError::OutOfRange => Error::Broker {
                 api: "Fetch",
                 context: Some(format!("{topic}/{partition}@{position}")),
-                error: crate::protocol::ResponseError::OffsetOutOfRange,
+                error: crate::BrokerError::OFFSET_OUT_OF_RANGE,
             },
             FetchError::NoAnswer(e) | FetchError::Failed(e) => e,
         })?;

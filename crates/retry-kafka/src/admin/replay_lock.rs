@@ -16,11 +16,8 @@ use tokio::{sync::watch, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    protocol::{
-        group::{GroupClient, RawJoined, RawProtocol},
-        ResponseError,
-    },
-    ConnectionConfig, Error, Result,
+    protocol::group::{GroupClient, RawJoined, RawProtocol},
+    BrokerError, ConnectionConfig, Error, Result,
 };
 
 /// The group protocol of replays.
@@ -74,7 +71,7 @@ impl ReplayLock {
                 // holder rejoining: join again.
                 Err(e) if attempts < 20 && rejoin_after(&e) => {
                     attempts += 1;
-                    if e.broker_error() == Some(ResponseError::UnknownMemberId) {
+                    if e.broker_error() == Some(BrokerError::UNKNOWN_MEMBER_ID) {
                         member_id.clear();
                     }
                     tokio::time::sleep(pauses.next()).await;
@@ -142,7 +139,7 @@ async fn round(
 fn rejoin_after(e: &Error) -> bool {
     matches!(
         e.broker_error(),
-        Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration | ResponseError::UnknownMemberId)
+        Some(BrokerError::REBALANCE_IN_PROGRESS | BrokerError::ILLEGAL_GENERATION | BrokerError::UNKNOWN_MEMBER_ID)
     ) || matches!(e, Error::Protocol { api: "SyncGroup", .. })
 }
 
@@ -167,7 +164,7 @@ async fn keep(
             Err(e)
                 if matches!(
                     e.broker_error(),
-                    Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration)
+                    Some(BrokerError::REBALANCE_IN_PROGRESS | BrokerError::ILLEGAL_GENERATION)
                 ) =>
             {
                 // Rejoin at once, and again until the rebalance completes:
@@ -195,7 +192,7 @@ async fn keep(
                     }
                 }
             }
-            Err(e) if silent_since.elapsed() > SESSION || e.broker_error() == Some(ResponseError::UnknownMemberId) => {
+            Err(e) if silent_since.elapsed() > SESSION || e.broker_error() == Some(BrokerError::UNKNOWN_MEMBER_ID) => {
                 tracing::error!(group = client.group_id(), error = %e, "the replay lock is lost");
                 held.send_replace(None);
                 break;

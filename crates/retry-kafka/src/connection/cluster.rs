@@ -20,7 +20,7 @@ use std::{
 
 use rskafka::{
     client::{
-        error::Error as ClientError,
+        error::Error as RskafkaError,
         partition::{PartitionClient, UnknownTopicHandling},
         Client,
     },
@@ -28,7 +28,7 @@ use rskafka::{
 };
 
 use super::connect;
-use crate::{ConnectionConfig, Error, Result};
+use crate::{ClientError, ConnectionConfig, Error, Result};
 
 /// A replaceable rskafka client with deadlines.
 pub(crate) struct Cluster {
@@ -59,7 +59,8 @@ impl Cluster {
     pub(crate) async fn list_topics(&self) -> Result<Vec<Topic>> {
         let client = self.client();
         match tokio::time::timeout(self.request_timeout(), client.list_topics()).await {
-            Ok(result) => result.map_err(|source| Error::Client { what: "listing topics".into(), source }),
+            Ok(result) => result
+                .map_err(|source| Error::Client { what: "listing topics".into(), source: ClientError::new(source) }),
             Err(_) => {
                 self.renew(&client).await;
                 Err(Error::Deadline { what: "listing topics".into(), timeout: self.request_timeout() })
@@ -110,11 +111,11 @@ impl Cluster {
 pub(crate) async fn deadline<T>(
     timeout: Duration,
     what: impl FnOnce() -> String,
-    call: impl Future<Output = std::result::Result<T, ClientError>>,
+    call: impl Future<Output = std::result::Result<T, RskafkaError>>,
 ) -> Result<T> {
     match tokio::time::timeout(timeout, call).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) => Err(Error::Client { what: what(), source }),
+        Ok(Err(source)) => Err(Error::Client { what: what(), source: ClientError::new(source) }),
         Err(_) => Err(Error::Deadline { what: what(), timeout }),
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rskafka::client::{Client, ClientBuilder};
 
-use crate::{Error, Result};
+use crate::{ClientError, Error, Result};
 use security::Security;
 
 /// How to reach the cluster: built by [`ConnectionConfig::new`] (or
@@ -50,12 +50,12 @@ impl ConnectionConfig {
         let bootstrap: Vec<String> =
             bootstrap.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
         if bootstrap.is_empty() {
-            return Err(Error::Config("no bootstrap broker given (expected host:port[,host:port...])".into()));
+            return Err(Error::setting("bootstrap brokers", "none given (expected host:port[,host:port...])"));
         }
         for broker in &bootstrap {
             let port = broker.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
             if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
-                return Err(Error::Config(format!("bootstrap broker {broker:?} is not host:port")));
+                return Err(Error::setting("bootstrap brokers", format!("{broker:?} is not host:port")));
             }
         }
         Ok(ConnectionConfig {
@@ -69,7 +69,7 @@ impl ConnectionConfig {
     /// The same with another request timeout; fails when it is zero.
     pub fn with_request_timeout(mut self, timeout: Duration) -> Result<Self> {
         if timeout.is_zero() {
-            return Err(Error::Config("the request timeout must be positive".into()));
+            return Err(Error::setting("ConnectionConfig::request_timeout", "must be positive"));
         }
         self.request_timeout = timeout;
         Ok(self)
@@ -124,10 +124,13 @@ pub(crate) async fn connect(config: &ConnectionConfig) -> Result<Client> {
     };
     let builder =
         ClientBuilder::new(config.bootstrap.clone()).client_id(config.client_id.clone()).backoff_config(backoff);
-    let build = config.security.configure_rskafka(builder).build();
+    let build = config.security.configure(builder).build();
     match tokio::time::timeout(config.request_timeout, build).await {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(source)) => Err(Error::Client { what: format!("connecting to {}", config.bootstrap.join(",")), source }),
+        Ok(Err(source)) => Err(Error::Client {
+            what: format!("connecting to {}", config.bootstrap.join(",")),
+            source: ClientError::new(source),
+        }),
         Err(_) => {
             Err(Error::Timeout { addr: config.bootstrap.join(","), api: "connect", timeout: config.request_timeout })
         }

@@ -49,10 +49,13 @@ impl std::str::FromStr for OffsetReset {
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         let bad = |why: String| {
-            Error::Config(format!(
-                "start position {s:?} is none of earliest, latest, by_duration:<duration> (by_duration:23h) or a \
+            Error::setting(
+                "ListenerConfig::offset_reset",
+                format!(
+                    "start position {s:?} is none of earliest, latest, by_duration:<duration> (by_duration:23h) or a \
                  time (2026-12-01T00:00:00Z, or milliseconds since the epoch){why}"
-            ))
+                ),
+            )
         };
         match s {
             "earliest" => return Ok(OffsetReset::Earliest),
@@ -248,20 +251,32 @@ impl ListenerConfig {
 
     pub(crate) fn validate(&self) -> Result<()> {
         let problem = if let Some(p) = self.timings().problem() {
-            Some(p)
+            Some(("ListenerConfig's timeouts", p))
         } else if self.fetch_max_bytes < 1024 || self.retry_fetch_max_bytes < 1024 {
-            Some("fetch_max_bytes and retry_fetch_max_bytes must be at least 1024".to_owned())
+            Some((
+                "ListenerConfig::fetch_max_bytes",
+                "fetch_max_bytes and retry_fetch_max_bytes must be at least 1024".to_owned(),
+            ))
         } else if self.publish_backoff_initial.is_zero() || self.publish_backoff_initial > self.publish_backoff_max {
-            Some("publish_backoff_initial must be positive and at most publish_backoff_max".to_owned())
+            Some((
+                "ListenerConfig::publish_backoff_initial",
+                "publish_backoff_initial must be positive and at most publish_backoff_max".to_owned(),
+            ))
         } else if self.publish_max_request_bytes < 1024 {
-            Some("publish_max_request_bytes must be at least 1024".to_owned())
+            Some(("ListenerConfig::publish_max_request_bytes", "must be at least 1024".to_owned()))
         } else if self.max_batch_inflated_bytes() < self.fetch_max_bytes.max(self.retry_fetch_max_bytes) as usize {
-            Some("max_batch_inflated must be at least fetch_max_bytes and retry_fetch_max_bytes".to_owned())
+            Some((
+                "ListenerConfig::max_batch_inflated",
+                "must be at least fetch_max_bytes and retry_fetch_max_bytes".to_owned(),
+            ))
         } else {
-            self.group_instance_id.as_deref().and_then(instance_id_problem)
+            self.group_instance_id
+                .as_deref()
+                .and_then(instance_id_problem)
+                .map(|p| ("ListenerConfig::group_instance_id", p))
         };
         match problem {
-            Some(p) => Err(Error::Config(p)),
+            Some((setting, problem)) => Err(Error::setting(setting, problem)),
             None => Ok(()),
         }
     }

@@ -10,7 +10,7 @@ use crate::{
     admin::dlq::BacklogMonitor,
     connection::cluster::Cluster,
     consumer::{brake::SharedBrake, config::ListenerConfig, member::Member, shared::Shared},
-    metrics::Metrics,
+    metrics::{Metrics, MetricsExposition},
     publisher::Publisher,
     stats::ListenerStats,
     DeadLetterAdmin, RecordHandler, Result, TopicPlan,
@@ -119,10 +119,10 @@ impl Listener {
         self.ready.clone()
     }
 
-    /// Registers the listener's Prometheus metrics (see the crate's
-    /// `metrics` documentation for names and labels) in `registry`.
-    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
-        self.metrics.register(registry);
+    /// The listener's Prometheus metrics, to serve (see
+    /// [`MetricsExposition`] for their names and labels).
+    pub fn metrics(&self) -> MetricsExposition {
+        MetricsExposition::of(&self.metrics)
     }
 
     /// The listener's counters.

@@ -30,8 +30,8 @@ use crate::{
         shared::{Impaired, Shared},
         worker::{StopSignals, Worker},
     },
-    protocol::{assignor, group::GroupClient, ResponseError},
-    session, RecordHandler, TopicPartition,
+    protocol::{assignor, group::GroupClient},
+    session, BrokerError, RecordHandler, TopicPartition,
 };
 
 /// Why a generation ended.
@@ -118,11 +118,11 @@ enum AfterJoinError {
 }
 
 impl AfterJoinError {
-    fn of(error: Option<ResponseError>) -> Self {
+    fn of(error: Option<BrokerError>) -> Self {
         match error {
-            Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration) => AfterJoinError::Rejoin,
-            Some(ResponseError::UnknownMemberId) => AfterJoinError::RejoinAsNewMember,
-            Some(ResponseError::FencedInstanceId) => AfterJoinError::Fenced,
+            Some(BrokerError::REBALANCE_IN_PROGRESS | BrokerError::ILLEGAL_GENERATION) => AfterJoinError::Rejoin,
+            Some(BrokerError::UNKNOWN_MEMBER_ID) => AfterJoinError::RejoinAsNewMember,
+            Some(BrokerError::FENCED_INSTANCE_ID) => AfterJoinError::Fenced,
             _ => AfterJoinError::BackOff,
         }
     }
@@ -150,15 +150,15 @@ impl AfterHeartbeat {
     /// `answer` is `Ok` or the broker's error (`None` for a failure without
     /// one: a broken connection, a timeout); `silent_for` is how long no
     /// heartbeat got through; `recheck` asks to end after the first that does.
-    fn of(answer: Result<(), Option<ResponseError>>, silent_for: Duration, session: Duration, recheck: bool) -> Self {
+    fn of(answer: Result<(), Option<BrokerError>>, silent_for: Duration, session: Duration, recheck: bool) -> Self {
         match answer {
             Ok(()) if recheck => AfterHeartbeat::End(EndKind::Recheck),
             Ok(()) => AfterHeartbeat::Continue,
-            Err(Some(ResponseError::RebalanceInProgress | ResponseError::IllegalGeneration)) => {
+            Err(Some(BrokerError::REBALANCE_IN_PROGRESS | BrokerError::ILLEGAL_GENERATION)) => {
                 AfterHeartbeat::End(EndKind::Over)
             }
-            Err(Some(ResponseError::UnknownMemberId)) => AfterHeartbeat::End(EndKind::RejoinAsNewMember),
-            Err(Some(ResponseError::FencedInstanceId)) => AfterHeartbeat::End(EndKind::Fenced),
+            Err(Some(BrokerError::UNKNOWN_MEMBER_ID)) => AfterHeartbeat::End(EndKind::RejoinAsNewMember),
+            Err(Some(BrokerError::FENCED_INSTANCE_ID)) => AfterHeartbeat::End(EndKind::Fenced),
             Err(_) if silent_for >= session => AfterHeartbeat::End(EndKind::RejoinAsNewMember),
             Err(_) => AfterHeartbeat::Continue,
         }
@@ -178,9 +178,9 @@ enum WhileDraining {
 }
 
 impl WhileDraining {
-    fn of(answer: Result<(), Option<ResponseError>>) -> Self {
+    fn of(answer: Result<(), Option<BrokerError>>) -> Self {
         match answer {
-            Err(Some(ResponseError::UnknownMemberId | ResponseError::FencedInstanceId)) => WhileDraining::Evicted,
+            Err(Some(BrokerError::UNKNOWN_MEMBER_ID | BrokerError::FENCED_INSTANCE_ID)) => WhileDraining::Evicted,
             _ => WhileDraining::Holds,
         }
     }
@@ -584,7 +584,7 @@ impl<H: RecordHandler> Member<H> {
                 let answer = client.heartbeat(generation_id, member_id, bound).await;
                 if matches!(
                     &answer,
-                    Ok(()) | Err(crate::Error::Broker { error: ResponseError::RebalanceInProgress, .. })
+                    Ok(()) | Err(crate::Error::Broker { error: BrokerError::REBALANCE_IN_PROGRESS, .. })
                 ) {
                     last_ok = tokio::time::Instant::now();
                 }
@@ -696,7 +696,7 @@ mod tests {
     };
     use std::time::Duration;
 
-    use crate::protocol::ResponseError;
+    use crate::BrokerError;
 
     /// Whether a JoinGroup answer (`generation`, naming us `leader` or not)
     /// keeps `expectation`.
@@ -730,50 +730,50 @@ mod tests {
     #[test]
     fn after_a_failed_join() {
         let check = |error, expected| assert_eq!(AfterJoinError::of(error), expected, "{error:?}");
-        check(Some(ResponseError::RebalanceInProgress), AfterJoinError::Rejoin);
-        check(Some(ResponseError::IllegalGeneration), AfterJoinError::Rejoin);
-        check(Some(ResponseError::UnknownMemberId), AfterJoinError::RejoinAsNewMember);
-        check(Some(ResponseError::FencedInstanceId), AfterJoinError::Fenced);
-        check(Some(ResponseError::CoordinatorNotAvailable), AfterJoinError::BackOff);
-        check(Some(ResponseError::NotCoordinator), AfterJoinError::BackOff);
-        check(Some(ResponseError::GroupAuthorizationFailed), AfterJoinError::BackOff);
+        check(Some(BrokerError::REBALANCE_IN_PROGRESS), AfterJoinError::Rejoin);
+        check(Some(BrokerError::ILLEGAL_GENERATION), AfterJoinError::Rejoin);
+        check(Some(BrokerError::UNKNOWN_MEMBER_ID), AfterJoinError::RejoinAsNewMember);
+        check(Some(BrokerError::FENCED_INSTANCE_ID), AfterJoinError::Fenced);
+        check(Some(BrokerError::COORDINATOR_NOT_AVAILABLE), AfterJoinError::BackOff);
+        check(Some(BrokerError::NOT_COORDINATOR), AfterJoinError::BackOff);
+        check(Some(BrokerError::GROUP_AUTHORIZATION_FAILED), AfterJoinError::BackOff);
         check(None, AfterJoinError::BackOff); // a broken connection, a timeout
     }
 
     #[test]
     fn after_a_heartbeat() {
         #[track_caller]
-        fn check(answer: Result<(), Option<ResponseError>>, silent: u64, recheck: bool, expected: AfterHeartbeat) {
+        fn check(answer: Result<(), Option<BrokerError>>, silent: u64, recheck: bool, expected: AfterHeartbeat) {
             let got = AfterHeartbeat::of(answer, Duration::from_secs(silent), Duration::from_secs(10), recheck);
             assert_eq!(got, expected, "{answer:?} after {silent} s of silence, recheck {recheck}");
         }
         use AfterHeartbeat::{Continue, End};
         check(Ok(()), 0, false, Continue);
         check(Ok(()), 0, true, End(EndKind::Recheck));
-        check(Err(Some(ResponseError::RebalanceInProgress)), 0, false, End(EndKind::Over));
-        check(Err(Some(ResponseError::IllegalGeneration)), 0, true, End(EndKind::Over));
-        check(Err(Some(ResponseError::UnknownMemberId)), 0, false, End(EndKind::RejoinAsNewMember));
-        check(Err(Some(ResponseError::FencedInstanceId)), 0, false, End(EndKind::Fenced));
+        check(Err(Some(BrokerError::REBALANCE_IN_PROGRESS)), 0, false, End(EndKind::Over));
+        check(Err(Some(BrokerError::ILLEGAL_GENERATION)), 0, true, End(EndKind::Over));
+        check(Err(Some(BrokerError::UNKNOWN_MEMBER_ID)), 0, false, End(EndKind::RejoinAsNewMember));
+        check(Err(Some(BrokerError::FENCED_INSTANCE_ID)), 0, false, End(EndKind::Fenced));
         // Trouble reaching the coordinator: keep trying for a session.
         check(Err(None), 3, false, Continue);
-        check(Err(Some(ResponseError::NotCoordinator)), 9, false, Continue);
+        check(Err(Some(BrokerError::NOT_COORDINATOR)), 9, false, Continue);
         check(Err(None), 11, false, End(EndKind::RejoinAsNewMember));
-        check(Err(Some(ResponseError::CoordinatorNotAvailable)), 11, false, End(EndKind::RejoinAsNewMember));
+        check(Err(Some(BrokerError::COORDINATOR_NOT_AVAILABLE)), 11, false, End(EndKind::RejoinAsNewMember));
     }
 
     #[test]
     fn a_heartbeat_while_draining() {
-        let check = |answer: Result<(), Option<ResponseError>>, expected| {
+        let check = |answer: Result<(), Option<BrokerError>>, expected| {
             assert_eq!(WhileDraining::of(answer), expected, "{answer:?}");
         };
         check(Ok(()), WhileDraining::Holds);
         // The expected answer during a rebalance: the session holds.
-        check(Err(Some(ResponseError::RebalanceInProgress)), WhileDraining::Holds);
+        check(Err(Some(BrokerError::REBALANCE_IN_PROGRESS)), WhileDraining::Holds);
         // A static member absent from a completed rebalance stays a member.
-        check(Err(Some(ResponseError::IllegalGeneration)), WhileDraining::Holds);
-        check(Err(Some(ResponseError::NotCoordinator)), WhileDraining::Holds);
+        check(Err(Some(BrokerError::ILLEGAL_GENERATION)), WhileDraining::Holds);
+        check(Err(Some(BrokerError::NOT_COORDINATOR)), WhileDraining::Holds);
         check(Err(None), WhileDraining::Holds);
-        check(Err(Some(ResponseError::UnknownMemberId)), WhileDraining::Evicted);
-        check(Err(Some(ResponseError::FencedInstanceId)), WhileDraining::Evicted);
+        check(Err(Some(BrokerError::UNKNOWN_MEMBER_ID)), WhileDraining::Evicted);
+        check(Err(Some(BrokerError::FENCED_INSTANCE_ID)), WhileDraining::Evicted);
     }
 }

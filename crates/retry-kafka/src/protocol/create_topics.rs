@@ -101,7 +101,7 @@ pub(crate) async fn create_topics(config: &ConnectionConfig, specs: &[TopicSpec]
                 return Err(Error::Broker {
                     api: "CreateTopics",
                     context: Some(format!("topic {name}{message}")),
-                    error,
+                    error: error.into(),
                 });
             }
         }

@@ -236,7 +236,7 @@ impl PartitionReader {
             Some(error) => Err(FetchError::Failed(Error::Broker {
                 api: "Fetch",
                 context: Some(format!("{topic}/{partition}")),
-                error,
+                error: error.into(),
             })),
         };
         broker_error(response.error_code)?;

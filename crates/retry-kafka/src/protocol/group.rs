@@ -96,12 +96,15 @@ impl GroupClient {
         }
         let version = self.coordinator_version::<R>()?;
         if version < first_version {
-            return Err(Error::Config(format!(
-                "group {} is joined as a static member (group.instance.id), which needs {} v{first_version} or \
+            return Err(Error::setting(
+                "ListenerConfig::group_instance_id",
+                format!(
+                    "group {} is joined as a static member (group.instance.id), which needs {} v{first_version} or \
                  later; the coordinator speaks v{version}: leave the instance id unset for this broker",
-                self.group_id,
-                crate::protocol::wire::api_name::<R>()
-            )));
+                    self.group_id,
+                    crate::protocol::wire::api_name::<R>()
+                ),
+            ));
         }
         Ok(())
     }
@@ -208,7 +211,11 @@ impl GroupClient {
                     continue;
                 }
                 Some(error) => {
-                    let result = Err(Error::Broker { api: "JoinGroup", context: Some(self.group_context()), error });
+                    let result = Err(Error::Broker {
+                        api: "JoinGroup",
+                        context: Some(self.group_context()),
+                        error: error.into(),
+                    });
                     return self.observe(result);
                 }
                 None => {}
@@ -286,7 +293,11 @@ impl GroupClient {
                     continue;
                 }
                 Some(error) => {
-                    let result = Err(Error::Broker { api: "JoinGroup", context: Some(self.group_context()), error });
+                    let result = Err(Error::Broker {
+                        api: "JoinGroup",
+                        context: Some(self.group_context()),
+                        error: error.into(),
+                    });
                     return self.observe(result);
                 }
                 None => {}

@@ -40,7 +40,7 @@ pub(crate) async fn init_producer_id(conn: &mut Connection) -> Result<Option<Ide
         .with_producer_epoch(-1);
     let (response, _) = conn.send(&request).await?;
     if let Some(error) = ResponseError::try_from_code(response.error_code) {
-        return Err(Error::Broker { api: "InitProducerId", context: None, error });
+        return Err(Error::Broker { api: "InitProducerId", context: None, error: error.into() });
     }
     Ok(Some(Identity { producer_id: response.producer_id.0, producer_epoch: response.producer_epoch }))
 }
@@ -89,7 +89,7 @@ pub(crate) async fn produce(
             if let Some(message) = &answer.error_message {
                 context.push_str(&format!(": {message}"));
             }
-            Err(Error::Broker { api: "Produce", context: Some(context), error })
+            Err(Error::Broker { api: "Produce", context: Some(context), error: error.into() })
         }
     }
 }

@@ -204,7 +204,7 @@ impl Connection {
             }
         };
         if let Some(error) = kafka_protocol::ResponseError::try_from_code(response.error_code) {
-            return Err(Error::Broker { api: "ApiVersions", context: None, error });
+            return Err(Error::Broker { api: "ApiVersions", context: None, error: error.into() });
         }
         conn.versions = response.api_keys.iter().map(|k| (k.api_key, (k.min_version, k.max_version))).collect();
         Ok(conn)
@@ -518,7 +518,7 @@ fn api_versions_fallback(body: &[u8]) -> Option<i16> {
 pub(crate) fn check(api: &'static str, context: impl FnOnce() -> String, code: i16) -> Result<()> {
     match kafka_protocol::ResponseError::try_from_code(code) {
         None => Ok(()),
-        Some(error) => Err(Error::Broker { api, context: Some(context()), error }),
+        Some(error) => Err(Error::Broker { api, context: Some(context()), error: error.into() }),
     }
 }
 

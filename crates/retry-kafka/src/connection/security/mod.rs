@@ -90,9 +90,10 @@ impl FromStr for SecurityProtocol {
             "SSL" => Ok(SecurityProtocol::Ssl),
             "SASL_PLAINTEXT" => Ok(SecurityProtocol::SaslPlaintext),
             "SASL_SSL" => Ok(SecurityProtocol::SaslSsl),
-            _ => Err(Error::Config(format!(
-                "unknown security protocol {s:?}: expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
-            ))),
+            _ => Err(Error::setting(
+                "security protocol",
+                format!("unknown security protocol {s:?}: expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"),
+            )),
         }
     }
 }
@@ -127,9 +128,10 @@ impl FromStr for SaslMechanism {
             "PLAIN" => Ok(SaslMechanism::Plain),
             "SCRAM-SHA-256" => Ok(SaslMechanism::ScramSha256),
             "SCRAM-SHA-512" => Ok(SaslMechanism::ScramSha512),
-            _ => Err(Error::Config(format!(
-                "unknown SASL mechanism {s:?}: expected PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
-            ))),
+            _ => Err(Error::setting(
+                "SASL mechanism",
+                format!("unknown SASL mechanism {s:?}: expected PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"),
+            )),
         }
     }
 }
@@ -161,33 +163,36 @@ impl Security {
     pub fn new(protocol: SecurityProtocol, sasl: Option<SaslCredentials>, tls: TlsSettings) -> Result<Self> {
         match (protocol.uses_sasl(), &sasl) {
             (true, None) => {
-                return Err(Error::Config(format!(
-                    "security protocol {} needs a SASL mechanism, user name and password",
-                    protocol.name()
-                )))
+                return Err(Error::setting(
+                    "SASL credentials",
+                    format!("security protocol {} needs a SASL mechanism, user name and password", protocol.name()),
+                ))
             }
             (false, Some(_)) => {
                 let with_sasl = if protocol.uses_tls() { "SASL_SSL" } else { "SASL_PLAINTEXT" };
-                return Err(Error::Config(format!(
-                    "SASL credentials were given but the security protocol is {}: set it to {with_sasl}",
-                    protocol.name()
-                )));
+                return Err(Error::setting(
+                    "security protocol",
+                    format!("SASL credentials were given but it is {}: set it to {with_sasl}", protocol.name()),
+                ));
             }
             _ => {}
         }
         if !protocol.uses_tls() && tls != TlsSettings::default() {
             let with_tls = if protocol.uses_sasl() { "SASL_SSL" } else { "SSL" };
-            return Err(Error::Config(format!(
-                "TLS settings were given but the security protocol is {}: set it to {with_tls}",
-                protocol.name()
-            )));
+            return Err(Error::setting(
+                "security protocol",
+                format!("TLS settings were given but it is {}: set it to {with_tls}", protocol.name()),
+            ));
         }
         if let Some(credentials) = &sasl {
             if credentials.username.is_empty() {
-                return Err(Error::Config("the SASL user name is empty".into()));
+                return Err(Error::setting("SASL user name", "it is empty"));
             }
             if credentials.password.expose().is_empty() {
-                return Err(Error::Config(format!("the SASL password of {} is empty", credentials.username)));
+                return Err(Error::setting(
+                    "SASL password",
+                    format!("the password of {} is empty", credentials.username),
+                ));
             }
         }
         let tls = if protocol.uses_tls() { Some(tls::Tls::load(tls)?) } else { None };
@@ -220,9 +225,20 @@ impl Security {
         self.tls.as_ref().map(|t| t.config.clone())
     }
 
-    /// `builder` with these settings: how other rskafka clients (tools,
-    /// tests) connect exactly as this crate's do.
-    pub fn configure_rskafka(&self, mut builder: rskafka::client::ClientBuilder) -> rskafka::client::ClientBuilder {
+    /// `builder` with these settings: how other rskafka clients (the
+    /// tests') connect exactly as this crate's do (feature `test-hooks`,
+    /// tests only; not part of the API).
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn configure_rskafka(
+        builder: rskafka::client::ClientBuilder,
+        security: &Security,
+    ) -> rskafka::client::ClientBuilder {
+        security.configure(builder)
+    }
+
+    /// `builder` with these settings.
+    pub(crate) fn configure(&self, mut builder: rskafka::client::ClientBuilder) -> rskafka::client::ClientBuilder {
         if let Some(sasl) = self.rskafka_sasl() {
             builder = builder.sasl_config(sasl);
         }

@@ -23,7 +23,7 @@ use crate::{ConnectionConfig, Error, Result, SaslCredentials, Secret, Security, 
 ///
 /// let half = ConnectionSettings { sasl_mechanism: Some("PLAIN".into()), ..settings };
 /// let problem = half.connection("stock").unwrap_err().to_string();
-/// assert!(problem.contains("KAFKA_SASL_USERNAME is required"), "{problem}");
+/// assert!(problem.contains("KAFKA_SASL_USERNAME: required"), "{problem}");
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct ConnectionSettings {
@@ -74,7 +74,7 @@ impl ConnectionSettings {
         }
     }
 
-    /// A connection for `client_id`, or [`Error::Config`] naming the
+    /// A connection for `client_id`, or [`Error::InvalidSetting`] naming the
     /// setting at fault (never its value when it is a secret). Reads the
     /// password file, if one is given; certificate files are read here too.
     pub fn connection(&self, client_id: &str) -> Result<ConnectionConfig> {
@@ -84,7 +84,7 @@ impl ConnectionSettings {
             .as_deref()
             .unwrap_or("PLAINTEXT")
             .parse()
-            .map_err(|e| Error::Config(format!("KAFKA_SECURITY_PROTOCOL: {e}")))?;
+            .map_err(|e: Error| e.for_setting("KAFKA_SECURITY_PROTOCOL"))?;
         let security = Security::new(protocol, self.sasl()?, self.tls()?).map_err(|e| match e {
             Error::TlsFile { file, .. } => {
                 let setting = match file {
@@ -92,9 +92,20 @@ impl ConnectionSettings {
                     TlsFile::Certificate => "KAFKA_SSL_CERTIFICATE_LOCATION",
                     TlsFile::Key => "KAFKA_SSL_KEY_LOCATION",
                 };
-                Error::Config(format!("{setting}: {e}"))
+                Error::setting(setting, e.to_string())
             }
-            other => Error::Config(format!("KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_* and KAFKA_SSL_*: {other}")),
+            Error::InvalidSetting { setting, problem } => {
+                let setting = match setting {
+                    "security protocol" => "KAFKA_SECURITY_PROTOCOL",
+                    "SASL mechanism" => "KAFKA_SASL_MECHANISM",
+                    "SASL user name" => "KAFKA_SASL_USERNAME",
+                    "SASL password" => "KAFKA_SASL_PASSWORD",
+                    "SASL credentials" => "KAFKA_SASL_*",
+                    _ => "KAFKA_SSL_*",
+                };
+                Error::InvalidSetting { setting, problem }
+            }
+            other => other.for_setting("KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_* and KAFKA_SSL_*"),
         })?;
         if security.tls().is_some_and(|t| !t.verify_hostname) {
             tracing::warn!(
@@ -109,7 +120,7 @@ impl ConnectionSettings {
             );
         }
         ConnectionConfig::new(brokers, client_id)
-            .map_err(|e| Error::Config(format!("KAFKA_BROKERS: {e}")))
+            .map_err(|e| e.for_setting("KAFKA_BROKERS"))
             .map(|c| c.with_security(security))
     }
 
@@ -120,21 +131,18 @@ impl ConnectionSettings {
             "https" => true,
             "none" => false,
             other => {
-                return Err(Error::Config(format!(
-                    "KAFKA_SSL_ENDPOINT_IDENTIFICATION is {other:?}: expected https (check host names) or none"
-                )))
+                return Err(Error::setting(
+                    "KAFKA_SSL_ENDPOINT_IDENTIFICATION",
+                    format!("{other:?}: expected https (check host names) or none"),
+                ))
             }
         };
         match (&self.ssl_certificate_location, &self.ssl_key_location) {
             (Some(_), None) => {
-                return Err(Error::Config(
-                    "KAFKA_SSL_KEY_LOCATION is required with KAFKA_SSL_CERTIFICATE_LOCATION".into(),
-                ))
+                return Err(Error::setting("KAFKA_SSL_KEY_LOCATION", "required with KAFKA_SSL_CERTIFICATE_LOCATION"))
             }
             (None, Some(_)) => {
-                return Err(Error::Config(
-                    "KAFKA_SSL_CERTIFICATE_LOCATION is required with KAFKA_SSL_KEY_LOCATION".into(),
-                ))
+                return Err(Error::setting("KAFKA_SSL_CERTIFICATE_LOCATION", "required with KAFKA_SSL_KEY_LOCATION"))
             }
             _ => {}
         }
@@ -158,26 +166,27 @@ impl ConnectionSettings {
         let mechanism = self
             .sasl_mechanism
             .as_deref()
-            .ok_or_else(|| Error::Config("KAFKA_SASL_MECHANISM is required with SASL credentials".into()))?
+            .ok_or_else(|| Error::setting("KAFKA_SASL_MECHANISM", "required with SASL credentials"))?
             .parse()
-            .map_err(|e| Error::Config(format!("KAFKA_SASL_MECHANISM: {e}")))?;
+            .map_err(|e: Error| e.for_setting("KAFKA_SASL_MECHANISM"))?;
         let username = self
             .sasl_username
             .clone()
-            .ok_or_else(|| Error::Config("KAFKA_SASL_USERNAME is required with a SASL mechanism".into()))?;
+            .ok_or_else(|| Error::setting("KAFKA_SASL_USERNAME", "required with a SASL mechanism"))?;
         let password = match (&self.sasl_password, &self.sasl_password_file) {
             (Some(_), Some(_)) => {
-                return Err(Error::Config("give KAFKA_SASL_PASSWORD or KAFKA_SASL_PASSWORD_FILE, not both".into()))
+                return Err(Error::setting("KAFKA_SASL_PASSWORD", "give it or KAFKA_SASL_PASSWORD_FILE, not both"))
             }
             (Some(p), None) => p.clone(),
             (None, Some(path)) => {
                 std::fs::read_to_string(path).map(|p| Secret::new(p.trim_end_matches(['\r', '\n']))).map_err(|e| {
-                    Error::Config(format!("KAFKA_SASL_PASSWORD_FILE {} cannot be read: {e}", path.display()))
+                    Error::setting("KAFKA_SASL_PASSWORD_FILE", format!("{} cannot be read: {e}", path.display()))
                 })?
             }
             (None, None) => {
-                return Err(Error::Config(
-                    "KAFKA_SASL_PASSWORD or KAFKA_SASL_PASSWORD_FILE is required with a SASL mechanism".into(),
+                return Err(Error::setting(
+                    "KAFKA_SASL_PASSWORD",
+                    "it or KAFKA_SASL_PASSWORD_FILE is required with a SASL mechanism",
                 ))
             }
         };

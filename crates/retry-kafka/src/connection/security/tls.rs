@@ -88,13 +88,13 @@ impl Tls {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Config(format!("cannot set up TLS: {e}")))?;
+            .map_err(|e| Error::setting("TLS", format!("cannot set up TLS: {e}")))?;
         let builder = if settings.verify_hostname {
             builder.with_root_certificates(roots)
         } else {
             let chain = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
-                .map_err(|e| Error::Config(format!("cannot set up TLS verification: {e}")))?;
+                .map_err(|e| Error::setting("TLS", format!("cannot set up TLS verification: {e}")))?;
             builder.dangerous().with_custom_certificate_verifier(Arc::new(AnyHostName(chain)))
         };
         let config = match (&settings.certificate_location, &settings.key_location) {
@@ -113,26 +113,35 @@ impl Tls {
                     file_error(TlsFile::Key, key, reason)
                 })?;
                 builder.with_client_auth_cert(chain, key_der).map_err(|e| {
-                    Error::Config(format!(
-                        "the client certificate {} and key {} cannot be used together: {e}",
-                        certificate.display(),
-                        key.display()
-                    ))
+                    Error::setting(
+                        "TLS client certificate",
+                        format!(
+                            "the client certificate {} and key {} cannot be used together: {e}",
+                            certificate.display(),
+                            key.display()
+                        ),
+                    )
                 })?
             }
             (Some(_), None) => {
-                return Err(Error::Config(format!(
-                    "a client certificate ({}) needs its private key ({})",
-                    TlsFile::Certificate.property(),
-                    TlsFile::Key.property()
-                )))
+                return Err(Error::setting(
+                    "TLS client certificate",
+                    format!(
+                        "a client certificate ({}) needs its private key ({})",
+                        TlsFile::Certificate.property(),
+                        TlsFile::Key.property()
+                    ),
+                ))
             }
             (None, Some(_)) => {
-                return Err(Error::Config(format!(
-                    "a client key ({}) needs its certificate ({})",
-                    TlsFile::Key.property(),
-                    TlsFile::Certificate.property()
-                )))
+                return Err(Error::setting(
+                    "TLS client certificate",
+                    format!(
+                        "a client key ({}) needs its certificate ({})",
+                        TlsFile::Key.property(),
+                        TlsFile::Certificate.property()
+                    ),
+                ))
             }
         };
         Ok(Tls { settings, config: Arc::new(config) })
@@ -171,11 +180,14 @@ fn system_roots() -> Result<RootCertStore> {
     }
     match SYSTEM_CA_BUNDLES.iter().map(Path::new).find(|p| p.is_file()) {
         Some(path) => roots_from(path, TlsFile::Ca),
-        None => Err(Error::Config(format!(
-            "no system CA bundle was found (looked at $SSL_CERT_FILE and {}): set {} to the CA file",
-            SYSTEM_CA_BUNDLES.join(", "),
-            TlsFile::Ca.property()
-        ))),
+        None => Err(Error::setting(
+            "TLS CA",
+            format!(
+                "no system CA bundle was found (looked at $SSL_CERT_FILE and {}): set {} to the CA file",
+                SYSTEM_CA_BUNDLES.join(", "),
+                TlsFile::Ca.property()
+            ),
+        )),
     }
 }
 
@@ -229,8 +241,9 @@ impl ServerCertVerifier for AnyHostName {
 pub(crate) fn server_name(addr: &str) -> Result<ServerName<'static>> {
     let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    ServerName::try_from(host.to_owned())
-        .map_err(|e| Error::Config(format!("{addr}: {host:?} is not a host name TLS can verify: {e}")))
+    ServerName::try_from(host.to_owned()).map_err(|e| {
+        Error::setting("bootstrap brokers", format!("{addr}: {host:?} is not a host name TLS can verify: {e}"))
+    })
 }
 
 /// What a TLS failure means for an operator, if `e` carries one.
