@@ -239,7 +239,8 @@ async fn pipeline(
     let group = format!("{topic}-bench-{failure_percent}");
     let policy = RetryPolicy::new(topology(topic), PolicyConfig::default());
     let mut config = ListenerConfig::new(connection.clone(), &group, policy).expect("a valid group id");
-    config.window = retry_core::WindowConfig::new(max_in_flight, retry_core::NullKeys::Ordered).expect("window");
+    config.window =
+        retry_core::window::WindowConfig::new(max_in_flight, retry_core::window::NullKeys::Ordered).expect("window");
     let handler = Arc::new(Bench {
         failure_percent,
         latency,

@@ -34,7 +34,7 @@ use integration::{
     rskafka_client, within,
 };
 use rand::{rngs::StdRng, seq::SliceRandom, Rng, SeedableRng};
-use retry_core::{header_names, LadderGroups, RetrySchedule, RetryTopology};
+use retry_core::{groups::LadderGroups, header_names, RetrySchedule, RetryTopology};
 use retry_kafka::{ConnectionConfig, GroupOffsets, TopicPartition};
 use rskafka::{
     client::partition::{Compression, OffsetAt, PartitionClient, UnknownTopicHandling},

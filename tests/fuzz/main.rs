@@ -100,7 +100,9 @@ fn events_with_odd_amounts() -> impl Strategy<Value = Vec<u8>> {
 // ---- retry headers, and the decisions taken over them (retry-core) ----
 
 fn retry_headers(pairs: &[(String, Vec<u8>)]) {
-    use retry_core::{HandlerError, RecordMeta, ReplayGuards, ReplayTarget, RetryHeaders, RetryPolicy, Timestamp};
+    use retry_core::{
+        replay::ReplayGuards, replay::ReplayTarget, HandlerError, RecordMeta, RetryHeaders, RetryPolicy, Timestamp,
+    };
     let headers: retry_core::Headers = pairs.iter().cloned().collect();
     let _ = RetryHeaders::decode(&headers);
     let _ = RetryHeaders::decode_replay_count(&headers);
@@ -175,11 +177,11 @@ fn group_protocol(bytes: &[u8]) {
 // ---- the operators' position metadata (retry-core) ----
 
 fn operators_position(committed: Option<i64>, metadata: &str, earliest: i64) {
-    use retry_core::OperatorsPosition;
+    use retry_core::operators::OperatorsPosition;
     let position = OperatorsPosition::new(committed, Some(metadata), earliest);
     let written = position.metadata();
     // No longer than the cap, or than what it read (a foreign writer's).
-    assert!(written.len() <= retry_core::MAX_POSITION_METADATA_BYTES.max(metadata.len()), "{written}");
+    assert!(written.len() <= retry_core::operators::MAX_POSITION_METADATA_BYTES.max(metadata.len()), "{written}");
     // What it writes, it reads back as the same position.
     let again = OperatorsPosition::new(Some(position.next()), Some(&written), earliest);
     assert_eq!(again, position, "{metadata:?} wrote {written:?}");

@@ -13,7 +13,7 @@ use integration::{
     fake_provider::{FakeProvider, Faults, Script},
     unique_topic, within, MockCluster,
 };
-use retry_core::{LadderGroups, RetryTopology};
+use retry_core::{groups::LadderGroups, RetryTopology};
 use retry_kafka::TopicPlan;
 use tokio::process::{Child, Command};
 use uuid::Uuid;
@@ -252,7 +252,7 @@ async fn transient_provider_failures_recover_and_charge_exactly_once() {
 /// Through a broker that requires SASL, the password is in none of what
 /// the service shows: its debug log and its metrics, after a charge.
 #[tokio::test]
-async fn sasl_only_the_password_never_reaches_logs_or_metrics() {
+async fn the_password_never_reaches_logs_or_metrics() {
     let password = std::env::var("KAFKA_RETRY_SASL_PASSWORD").expect("the SASL pass sets the password");
     let setup = Setup::new("billing-secret");
     setup.create_topics().await;
@@ -276,7 +276,7 @@ async fn sasl_only_the_password_never_reaches_logs_or_metrics() {
 /// and made again; the service charges every order once through many
 /// sessions, nothing dead-lettered.
 #[tokio::test]
-async fn kafka_only_sasl_only_orders_are_charged_through_sessions_of_seconds() {
+async fn orders_are_charged_through_sessions_of_seconds() {
     let reauth = integration::reauth_broker_addr().expect("the Kafka SASL pass has a short-session listener");
     let setup = Setup::new("billing-reauth");
     setup.create_topics().await;
@@ -397,7 +397,7 @@ async fn a_kill_mid_stream_charges_every_event_exactly_once() {
 /// The mock cluster has no CreateTopics: `topics create` says which request
 /// the broker refused, and exits 1.
 #[tokio::test]
-async fn mock_only_topics_create_names_the_request_the_broker_lacks() {
+async fn topics_create_names_the_request_the_broker_lacks() {
     MockCluster::get();
     let setup = Setup::new("billing-no-create");
     let (code, stdout, stderr) = setup.run(&["topics", "create", "--partitions", "2"], &[]).await;
@@ -736,7 +736,7 @@ async fn operators_replay_and_acknowledge_dead_letters_through_the_guarded_api()
 /// never sent to the provider; an operator's replay refuses it unless the
 /// window is overridden, and then it is charged once.
 #[tokio::test]
-async fn events_past_the_idempotency_window_are_dead_lettered_not_charged_needs_offsets_by_time() {
+async fn events_past_the_idempotency_window_are_dead_lettered_not_charged() {
     use reqwest::Method;
     let setup = Setup::new("billing-window");
     setup.create_topics().await;
@@ -977,7 +977,7 @@ mod faults {
     /// On tansu behind stunnel (`--broker tansu-sasl-tls` or `tansu-mtls`);
     /// CI cuts connections by restarting Kafka's brokers instead.
     #[tokio::test]
-    async fn tls_proxy_only_every_order_is_charged_once_through_connections_cut_by_the_broker() {
+    async fn every_order_is_charged_once_through_connections_cut_by_the_broker() {
         let proxy = integration::TlsProxy::get();
         let setup = Setup::new("billing-cut");
         setup.create_topics().await;
@@ -1036,8 +1036,7 @@ mod faults {
     /// (which consumes as much) by less than the backlog, which holding it
     /// (and its copies to publish) would take twice over.
     #[tokio::test]
-    async fn replay_scale_twenty_thousand_dead_letters_two_instances_an_operator_and_a_pending_provider_needs_leader_reelection(
-    ) {
+    async fn replay_scale_twenty_thousand_dead_letters_two_instances_an_operator_and_a_pending_provider() {
         use rskafka::{
             client::partition::{Compression, UnknownTopicHandling},
             record::Record,
@@ -1199,7 +1198,7 @@ mod faults {
     /// after a redelivery, which the provider answers 409) are counted in
     /// the output.
     #[tokio::test]
-    async fn mock_only_billing_charges_every_order_through_leader_moves_and_a_broker_outage() {
+    async fn billing_charges_every_order_through_leader_moves_and_a_broker_outage() {
         let mock = MockCluster::get();
         let setup = Setup::new("billing-faults");
         setup.create_topics().await;
@@ -1380,7 +1379,7 @@ mod faults {
     /// the service's group, mid-stream; orders keep coming while it is
     /// down; then it starts again.
     #[tokio::test]
-    async fn kafka_only_every_order_is_charged_once_through_a_killed_leader_and_coordinator() {
+    async fn every_order_is_charged_once_through_a_killed_leader_and_coordinator() {
         let cluster = integration::KafkaCluster::get();
         let mut setup = Setup::new("kafka-kill");
         setup.create_topics().await;
@@ -1405,7 +1404,7 @@ mod faults {
     /// A rolling restart of every broker, one at a time, each back in sync
     /// before the next stops, as operators upgrade a cluster.
     #[tokio::test]
-    async fn kafka_only_every_order_is_charged_once_through_a_rolling_restart() {
+    async fn every_order_is_charged_once_through_a_rolling_restart() {
         let cluster = integration::KafkaCluster::get();
         let setup = Setup::new("kafka-rolling");
         setup.create_topics().await;
@@ -1436,7 +1435,7 @@ mod faults {
     /// error log), commits nothing past what it could not publish, and
     /// resumes when the brokers are back.
     #[tokio::test]
-    async fn kafka_only_two_brokers_down_stall_loudly_and_lose_nothing() {
+    async fn two_brokers_down_stall_loudly_and_lose_nothing() {
         let cluster = integration::KafkaCluster::get();
         let setup = Setup::new("kafka-minority");
         setup.create_topics().await;
@@ -1607,7 +1606,7 @@ async fn through_an_outage(brake: bool) -> OutageRun {
 /// travels in the offset commits' metadata), and charged once the provider
 /// is back.
 #[tokio::test]
-async fn needs_commit_metadata_an_engaged_brake_is_taken_up_by_the_next_owner_of_what_it_held() {
+async fn an_engaged_brake_is_taken_up_by_the_next_owner_of_what_it_held() {
     let mut setup = Setup::new("brake-handover");
     setup.schedule = "1s";
     setup.create_topics().await;

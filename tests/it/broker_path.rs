@@ -57,7 +57,7 @@ async fn create_produce_and_fetch_a_record_with_headers() {
 /// broker). This test pins the quirk: if rskafka changes, it fails, and the
 /// precaution can be revisited.
 #[tokio::test]
-async fn mock_only_rskafka_metadata_for_a_missing_topic_auto_creates_it() {
+async fn rskafka_metadata_for_a_missing_topic_auto_creates_it() {
     integration::MockCluster::get();
     let client = rskafka_client().await;
     let topic = unique_topic("absent");

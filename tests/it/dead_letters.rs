@@ -1,6 +1,6 @@
 //! Operators' work on a dead-letter topic: status, browse, replay, acknowledge.
 
-use retry_core::{ReplayGuards, ReplaySelection, ReplayTarget};
+use retry_core::{operators::ReplaySelection, replay::ReplayGuards, replay::ReplayTarget};
 use retry_kafka::{Acknowledgement, BrowsePage, DeadLetterAdmin, Error, PartitionReplay, ReplayRequest};
 
 use crate::support::{eventually, produce, start_joined, Ladder, Scripted, Step, SETTLE};
@@ -115,7 +115,7 @@ async fn acknowledging_drops_records_from_the_backlog_without_replaying() {
 /// records them with the operators' position: repeating it replays nothing,
 /// and a replay of everything later skips them.
 #[tokio::test]
-async fn targeted_replays_are_recorded_and_never_repeated_needs_commit_metadata() {
+async fn targeted_replays_are_recorded_and_never_repeated() {
     let (ladder, handler, listener) = with_dead_letters("replay-targeted", &["a", "b", "c"]).await;
     let admin = admin(&ladder).await;
     let only_b = ReplayRequest { selection: keys(&["b"]), ..replay(ReplayTarget::Source) };
@@ -217,7 +217,7 @@ async fn an_acknowledgement_during_a_replay_is_never_undone() {
 /// once the first is done, the other acknowledges, and its replay finds
 /// nothing left: the position never went back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_replay_at_a_time_across_instances_needs_leader_reelection() {
+async fn one_replay_at_a_time_across_instances() {
     let (ladder, _handler, listener) = many_dead_letters("replay-exclusive").await;
     let first = admin(&ladder).await.with_page_bytes(1);
     let mut refused = None;
@@ -254,7 +254,7 @@ async fn one_replay_at_a_time_across_instances_needs_leader_reelection() {
 /// silently dropped from the backlog; an acknowledgement up to the oldest
 /// offset kept says an operator knows, and the count goes back to zero.
 #[tokio::test]
-async fn needs_delete_records_dead_letters_deleted_unhandled_are_counted_as_lost() {
+async fn dead_letters_deleted_unhandled_are_counted_as_lost() {
     let (ladder, _handler, listener) = with_dead_letters("dlq-lost", &["a", "b", "c"]).await;
     let admin = admin(&ladder).await;
     let before = admin.status().await.unwrap();
@@ -278,7 +278,7 @@ async fn needs_delete_records_dead_letters_deleted_unhandled_are_counted_as_lost
 /// replay or an acknowledgement would handle above the operators' position
 /// is refused with the reason; records that follow on from it are not.
 #[tokio::test]
-async fn drops_commit_metadata_a_record_above_the_position_is_refused_with_the_reason() {
+async fn a_record_above_the_position_is_refused_with_the_reason() {
     let (ladder, handler, listener) = with_dead_letters("replay-drops-metadata", &["a", "b", "c"]).await;
     let admin = admin(&ladder).await;
     let last = admin.browse(0, 2, 1).await.unwrap().remove(0);
@@ -328,7 +328,7 @@ async fn browse_pages_cover_every_partition_and_are_capped_in_bytes() {
 /// failed; repeated once the broker accepts again, it replays only what is
 /// left.
 #[tokio::test]
-async fn mock_only_a_partly_failed_replay_commits_what_it_published_and_a_repeat_does_the_rest() {
+async fn a_partly_failed_replay_commits_what_it_published_and_a_repeat_does_the_rest() {
     let mock = integration::MockCluster::get();
     let ladder = Ladder::create("replay-partial", "100ms", 2).await;
     let script: Vec<(&str, &[Step])> = ["p0", "p1"].iter().map(|k| (*k, &[Step::Permanent][..])).collect();

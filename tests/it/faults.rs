@@ -3,7 +3,8 @@
 //! of a partition, a broker outage, a moved coordinator, refused requests,
 //! requests that never answer. Nothing may be lost, nothing may wedge.
 //!
-//! Every test here needs the mock's fault injection (`mock_only`).
+//! Every test here needs the mock's fault injection (`Need::MockFaults` in
+//! `needs.rs`).
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
@@ -71,7 +72,7 @@ async fn wait_all_handled(ladder: &Ladder, handler: &Scripted, keys: &[String]) 
 /// it caught up): every record is handled, from the source exactly once,
 /// and no position is reset.
 #[tokio::test]
-async fn mock_only_leader_moves_and_stale_out_of_range_answers_reset_nothing() {
+async fn leader_moves_and_stale_out_of_range_answers_reset_nothing() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("leader-moves", "200ms", 2).await;
     let wave = |n: usize| keys(&format!("w{n}"), 30);
@@ -158,7 +159,7 @@ fn produce_slowly(topic: String, partition: i32, keys: Vec<String>, gap: Duratio
 /// broker is back, and resumes after what it finished instead of handling
 /// it again; every record is handled, and the redeliveries stay few.
 #[tokio::test]
-async fn mock_only_a_broker_down_for_ten_seconds_loses_nothing() {
+async fn a_broker_down_for_ten_seconds_loses_nothing() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("broker-down", "200ms", 3).await;
     for (topic, group) in ladder.consumed() {
@@ -207,7 +208,7 @@ async fn mock_only_a_broker_down_for_ten_seconds_loses_nothing() {
 /// REBALANCE_IN_PROGRESS and JoinGroup with COORDINATOR_NOT_AVAILABLE:
 /// commits land, the group settles, every record is handled.
 #[tokio::test]
-async fn mock_only_a_moved_coordinator_and_group_errors_are_survived() {
+async fn a_moved_coordinator_and_group_errors_are_survived() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("coordinator", "200ms", 2).await;
     let all = keys("c", 90);
@@ -251,7 +252,7 @@ async fn mock_only_a_moved_coordinator_and_group_errors_are_survived() {
 /// in order, and the partition never stalls. Requests are capped in bytes
 /// (4 KiB here), so a fetched batch's republications take several.
 #[tokio::test]
-async fn mock_only_refused_produce_requests_are_retried_or_split() {
+async fn refused_produce_requests_are_retried_or_split() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("refused-produce", "200ms", 1).await;
     let retried = keys("r", 24);
@@ -297,7 +298,7 @@ async fn mock_only_refused_produce_requests_are_retried_or_split() {
 /// listener not ready, so an alert fires; once the broker accepts again it
 /// resumes by itself, and nothing was lost or skipped.
 #[tokio::test]
-async fn mock_only_a_partition_that_cannot_publish_stalls_visibly_and_resumes() {
+async fn a_partition_that_cannot_publish_stalls_visibly_and_resumes() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("stall", "200ms", 1).await;
     let handler = Scripted::new(&[("s", &[Step::Transient])]);
@@ -343,7 +344,7 @@ async fn mock_only_a_partition_that_cannot_publish_stalls_visibly_and_resumes() 
 /// request has a deadline and a connection that missed one is replaced, so
 /// records produced afterwards are handled, retried and committed promptly.
 #[tokio::test]
-async fn mock_only_requests_that_never_answer_are_abandoned_and_their_connections_replaced() {
+async fn requests_that_never_answer_are_abandoned_and_their_connections_replaced() {
     let mock = MockCluster::get();
     let mut ladder = Ladder::create("no-answer", "200ms", 1).await;
     ladder.connection = ladder.connection.clone().with_request_timeout(Duration::from_secs(2)).unwrap();
@@ -383,7 +384,7 @@ async fn mock_only_requests_that_never_answer_are_abandoned_and_their_connection
 /// (Neither test broker can add partitions to a topic; the mock recreates
 /// the topic with more, which is the same to the group.)
 #[tokio::test]
-async fn mock_only_partitions_added_to_the_source_are_consumed() {
+async fn partitions_added_to_the_source_are_consumed() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("more-partitions", "200ms", 1).await;
     let handler = Scripted::new(&[]);
@@ -411,7 +412,7 @@ async fn mock_only_partitions_added_to_the_source_are_consumed() {
 /// the group, or moved): no rebalance for it, where ending the generation
 /// made every member of the group rejoin.
 #[tokio::test]
-async fn mock_only_committed_offsets_that_cannot_be_read_yet_are_read_again_within_the_generation() {
+async fn committed_offsets_that_cannot_be_read_yet_are_read_again_within_the_generation() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("offset-fetch", "100ms", 1).await;
     let failures = [code::COORDINATOR_LOAD_IN_PROGRESS, code::COORDINATOR_LOAD_IN_PROGRESS, code::NOT_COORDINATOR];
@@ -434,7 +435,7 @@ async fn mock_only_committed_offsets_that_cannot_be_read_yet_are_read_again_with
 /// session expire, and the member rejoin after working on for seconds on
 /// partitions the group no longer gave it.
 #[tokio::test]
-async fn mock_only_a_heartbeat_without_an_answer_is_given_up_within_the_session() {
+async fn a_heartbeat_without_an_answer_is_given_up_within_the_session() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("silent-heartbeat", "100ms", 1).await;
     for (_, group) in ladder.consumed() {
@@ -460,7 +461,7 @@ async fn mock_only_a_heartbeat_without_an_answer_is_given_up_within_the_session(
 /// by now; it is counted, and rejoins as a new member. The record is
 /// handled again by whoever owns its partition next.
 #[tokio::test]
-async fn mock_only_a_member_dropped_while_it_drains_abandons_its_records_at_once() {
+async fn a_member_dropped_while_it_drains_abandons_its_records_at_once() {
     let mock = MockCluster::get();
     let ladder = Ladder::create("evicted-drain", "100ms", 1).await;
     for (_, group) in ladder.consumed() {
@@ -506,7 +507,7 @@ async fn mock_only_a_member_dropped_while_it_drains_abandons_its_records_at_once
 /// test needs otherwise (the source, the groups' coordinators) and is left
 /// out of the listener's bootstrap brokers.
 #[tokio::test]
-async fn kafka_only_a_republication_tried_again_after_a_lost_answer_is_written_once() {
+async fn a_republication_tried_again_after_a_lost_answer_is_written_once() {
     let cluster = KafkaCluster::get();
     let (ladder, follower) = 'found: {
         for _ in 0..20 {

@@ -233,7 +233,7 @@ async fn a_foreign_client_shares_the_group_and_its_offsets() {
 /// prepared, where Kafka accepts those of the ending generation, so a drain
 /// can never commit there.
 #[tokio::test]
-async fn a_drain_longer_than_the_session_keeps_the_member_and_its_commit_needs_commits_during_rebalances() {
+async fn a_drain_longer_than_the_session_keeps_the_member_and_its_commit() {
     let ladder = Ladder::create("long-drain", "100ms", 1).await;
     let handler = Scripted::new(&[("slow", &[Step::Sleep(Duration::from_secs(9))])]);
     let config = || {
@@ -267,7 +267,7 @@ async fn a_drain_longer_than_the_session_keeps_the_member_and_its_commit_needs_c
 /// up exactly its old partition from its own commits, and nothing is
 /// handled twice.
 #[tokio::test]
-async fn kafka_only_a_static_member_restarts_within_its_session_without_a_rebalance() {
+async fn a_static_member_restarts_within_its_session_without_a_rebalance() {
     let ladder = Ladder::create("static", "100ms", 2).await;
     let config = |instance: &str| {
         let mut c = ladder.config();
@@ -334,7 +334,7 @@ async fn kafka_only_a_static_member_restarts_within_its_session_without_a_rebala
 /// it, and it reads our dead letters with every header byte for byte as we
 /// wrote it, a producer's own headers among them.
 #[tokio::test]
-async fn kafka_only_a_java_consumer_shares_the_group_and_reads_the_dead_letters_as_written() {
+async fn a_java_consumer_shares_the_group_and_reads_the_dead_letters_as_written() {
     let ladder = Ladder::create("java", "100ms", 2).await;
     let ours = Scripted::new(&[("declined", &[Step::Permanent])]);
     let listener = start_joined(&ladder, ours.clone()).await;
@@ -419,7 +419,7 @@ async fn kafka_only_a_java_consumer_shares_the_group_and_reads_the_dead_letters_
 /// that remain, where a join abandoned without a leave made the group wait
 /// a session for a member that never comes back.
 #[tokio::test]
-async fn kafka_only_a_member_stopped_while_it_joins_leaves_the_group() {
+async fn a_member_stopped_while_it_joins_leaves_the_group() {
     let ladder = Ladder::create("stop-joining", "100ms", 2).await;
     let config = || {
         let mut c = ladder.config();
@@ -477,7 +477,7 @@ async fn kafka_only_a_member_stopped_while_it_joins_leaves_the_group() {
 /// Not on the mock cluster, which refuses the commits of a generation that
 /// is being rebalanced (there, the record would be redelivered anyway).
 #[tokio::test]
-async fn a_rebalance_lets_a_call_run_past_the_shutdown_grace_needs_commits_during_rebalances() {
+async fn a_rebalance_lets_a_call_run_past_the_shutdown_grace() {
     let ladder = Ladder::create("long-call", "100ms", 1).await;
     let handler = Scripted::new(&[("slow", &[Step::Sleep(Duration::from_secs(4))])]);
     let config = || {

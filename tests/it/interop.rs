@@ -155,12 +155,12 @@ fn json_lines(output: &str) -> Vec<Value> {
 /// records of an aborted transaction still reach the handler there: what
 /// the broker does not say cannot be filtered. Pinned here, so that a
 /// change shows; on Apache Kafka they never do
-/// (`records::kafka_only_records_of_aborted_transactions_never_reach_the_handler`).
+/// (`records::records_of_aborted_transactions_never_reach_the_handler`).
 /// The abort marker itself is not a record and never reaches the handler,
 /// and it does not wedge the partition (the mock writes markers whose
 /// checksum is zero).
 #[tokio::test]
-async fn mock_only_records_of_an_aborted_transaction_reach_the_handler_as_documented() {
+async fn records_of_an_aborted_transaction_reach_the_handler_as_documented() {
     use crate::support::{start_joined, Ladder, Scripted};
     let ladder = Ladder::create("aborted-txn", "200ms", 1).await;
     let handler = Scripted::new(&[]);

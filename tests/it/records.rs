@@ -130,7 +130,7 @@ async fn a_batch_larger_than_a_fetch_is_read() {
 /// and a partition whose last batch is a marker is committed past it (no
 /// lag shown forever). tansu 0.6.0 has no transactions (no EndTxn).
 #[tokio::test]
-async fn transaction_markers_never_hold_a_partition_needs_transactions() {
+async fn transaction_markers_never_hold_a_partition() {
     let ladder = Ladder::create("markers", "100ms", 1).await;
     let handler = Scripted::new(&[]);
     let mut config = ladder.config();
@@ -158,9 +158,9 @@ async fn transaction_markers_never_hold_a_partition_needs_transactions() {
 /// transaction never reach the handler. Apache Kafka only: it is the
 /// broker that lists aborted transactions in a fetch's answer, and tansu
 /// 0.6.0 and librdkafka's mock cluster list none (see
-/// `mock_only_records_of_an_aborted_transaction_reach_the_handler_as_documented`).
+/// `records_of_an_aborted_transaction_reach_the_handler_as_documented`).
 #[tokio::test]
-async fn kafka_only_records_of_aborted_transactions_never_reach_the_handler() {
+async fn records_of_aborted_transactions_never_reach_the_handler() {
     let ladder = Ladder::create("aborted", "100ms", 1).await;
     let handler = Scripted::new(&[]);
     let listener = start_joined(&ladder, handler.clone()).await;
@@ -207,7 +207,7 @@ async fn a_record_whose_header_name_is_not_utf8_is_dead_lettered_as_it_is() {
 /// On the mock cluster, which has no topic configs, the rung answers
 /// MESSAGE_TOO_LARGE once. Not on tansu, which takes records of any size.
 #[tokio::test]
-async fn a_record_too_large_for_its_retry_topic_is_dead_lettered_needs_message_limits() {
+async fn a_record_too_large_for_its_retry_topic_is_dead_lettered() {
     let ladder = match integration::MockCluster::from_env() {
         Some(mock) => {
             let ladder = Ladder::create("too-large", "100ms", 1).await;
@@ -257,7 +257,7 @@ async fn a_record_too_large_for_its_retry_topic_is_dead_lettered_needs_message_l
 /// on. Not on tansu, which stores records rather than the batches
 /// producers wrote.
 #[tokio::test]
-async fn a_batch_that_inflates_beyond_the_cap_is_dead_lettered_as_it_is_needs_batches_kept() {
+async fn a_batch_that_inflates_beyond_the_cap_is_dead_lettered_as_it_is() {
     let ladder = Ladder::create("inflate", "100ms", 1).await;
     let handler = Scripted::new(&[]);
     let mut config = ladder.config();
@@ -277,7 +277,7 @@ async fn a_batch_that_inflates_beyond_the_cap_is_dead_lettered_as_it_is_needs_ba
 /// to the dead-letter topic as it is, and the partition goes on. Mock only:
 /// Apache Kafka and tansu check a batch's checksum when it is produced.
 #[tokio::test]
-async fn mock_only_a_batch_that_fails_its_checksum_is_dead_lettered_as_it_is() {
+async fn a_batch_that_fails_its_checksum_is_dead_lettered_as_it_is() {
     let ladder = Ladder::create("crc", "100ms", 1).await;
     let handler = Scripted::new(&[]);
     let listener = start_joined(&ladder, handler.clone()).await;

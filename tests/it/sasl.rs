@@ -1,6 +1,6 @@
 //! Authentication: against tansu requiring SASL SCRAM-SHA-512, which
-//! `cargo xtask integration` starts for the tests named `sasl_only_*` (and
-//! runs the ladder, dead-letter, topic and billing modules through too).
+//! `cargo xtask integration` starts for the tests that need SASL
+//! (`needs.rs`), and runs the whole suite through too.
 
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ fn with_wrong_password() -> retry_kafka::ConnectionConfig {
 }
 
 #[tokio::test]
-async fn sasl_only_a_wrong_password_is_refused_naming_broker_user_and_mechanism() {
+async fn a_wrong_password_is_refused_naming_broker_user_and_mechanism() {
     let config = with_wrong_password();
     let user = config.security().sasl().unwrap().username.clone();
     let mut offsets = GroupOffsets::new(config, &unique_topic("group"));
@@ -38,7 +38,7 @@ async fn sasl_only_a_wrong_password_is_refused_naming_broker_user_and_mechanism(
 }
 
 #[tokio::test]
-async fn sasl_only_billing_bin_with_a_wrong_password_exits_1_without_showing_it() {
+async fn billing_bin_with_a_wrong_password_exits_1_without_showing_it() {
     let run = billing_bin_topics_verify(&[("KAFKA_SASL_PASSWORD", WRONG_PASSWORD), ("RUST_LOG", "debug")], &[]).await;
     let (stdout, stderr) = (&run.stdout, &run.stderr);
     assert_eq!(run.code, Some(1), "{stderr}");
@@ -50,7 +50,7 @@ async fn sasl_only_billing_bin_with_a_wrong_password_exits_1_without_showing_it(
 }
 
 #[tokio::test]
-async fn sasl_only_a_client_without_credentials_is_refused() {
+async fn a_client_without_credentials_is_refused() {
     let config = connection("kafka-retry-it");
     // The same transport (TLS or not), without SASL.
     let protocol =
@@ -70,7 +70,7 @@ async fn sasl_only_a_client_without_credentials_is_refused() {
 /// (KIP-368), on the same connection or, where the broker refuses that, on
 /// a new one; either way the caller sees no error.
 #[tokio::test]
-async fn sasl_only_a_connection_that_outlives_its_session_authenticates_again() {
+async fn a_connection_that_outlives_its_session_authenticates_again() {
     let _alone = ON_THE_SHORT_SESSION_LISTENER.lock().await;
     let (config, session) = match integration::reauth_connection("kafka-retry-it") {
         Some(config) => (config, integration::REAUTH_SESSION),
@@ -92,7 +92,7 @@ static ON_THE_SHORT_SESSION_LISTENER: tokio::sync::Mutex<()> = tokio::sync::Mute
 /// refuses: through sessions of a few seconds, our connections renew theirs
 /// in place, the same TCP connection throughout, every request answered.
 #[tokio::test]
-async fn kafka_only_sasl_only_sessions_are_renewed_on_the_same_connection() {
+async fn sessions_are_renewed_on_the_same_connection() {
     let _alone = ON_THE_SHORT_SESSION_LISTENER.lock().await;
     let config =
         integration::reauth_connection("kafka-retry-it").expect("the Kafka SASL pass has a short-session listener");

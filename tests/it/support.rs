@@ -9,7 +9,7 @@ use std::{
 
 use chrono::{TimeZone, Utc};
 use integration::{create_plan, rskafka_client, unique_topic, within, BROKER_TIMEOUT};
-use retry_core::{HandlerError, LadderGroups, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
+use retry_core::{groups::LadderGroups, HandlerError, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
 use retry_kafka::{ConnectionConfig, ConsumedRecord, ListenerConfig, RecordHandler, TopicPlan};
 use rskafka::{
     client::partition::{Compression, UnknownTopicHandling},

@@ -1,7 +1,7 @@
 //! TLS: against tansu behind stunnel, which `cargo xtask integration` starts
 //! for the SASL_SSL pass (server-only TLS) and the mutual-TLS pass. Tests
-//! named `tls_only_*` run in both, `client_cert_only_*` in the second; the
-//! whole suite runs through both as well.
+//! that need TLS (`needs.rs`) run in both, those that need client
+//! certificates in the second; the whole suite runs through both as well.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -58,7 +58,7 @@ fn assert_tls_error(result: retry_kafka::Result<()>, addr: &str, expected: &str)
 }
 
 #[tokio::test]
-async fn tls_only_a_broker_signed_by_an_untrusted_ca_is_refused() {
+async fn a_broker_signed_by_an_untrusted_ca_is_refused() {
     let addr = broker_addr().split(',').next().unwrap().to_owned();
     let ca = untrusted_ca();
     let config = with_tls(&addr, |t| t.ca_location = Some(ca.clone()));
@@ -66,7 +66,7 @@ async fn tls_only_a_broker_signed_by_an_untrusted_ca_is_refused() {
 }
 
 #[tokio::test]
-async fn tls_only_a_host_name_the_certificate_lacks_is_refused_unless_verification_is_off() {
+async fn a_host_name_the_certificate_lacks_is_refused_unless_verification_is_off() {
     let addr = by_address();
     assert_tls_error(round_trip(with_tls(&addr, |_| {})).await, &addr, "not valid for 127.0.0.1 (it names localhost)");
     // Off, the chain is still checked...
@@ -81,7 +81,7 @@ async fn tls_only_a_host_name_the_certificate_lacks_is_refused_unless_verificati
 }
 
 #[tokio::test]
-async fn client_cert_only_a_client_without_a_certificate_is_refused() {
+async fn a_client_without_a_certificate_is_refused() {
     let addr = broker_addr().split(',').next().unwrap().to_owned();
     let config = with_tls(&addr, |t| {
         t.certificate_location = None;
@@ -91,7 +91,7 @@ async fn client_cert_only_a_client_without_a_certificate_is_refused() {
 }
 
 #[tokio::test]
-async fn tls_only_billing_bin_names_each_tls_failure_and_exits_1() {
+async fn billing_bin_names_each_tls_failure_and_exits_1() {
     let ca = untrusted_ca();
     let ca = ca.to_str().unwrap();
     let addr = by_address();
@@ -118,7 +118,7 @@ async fn tls_only_billing_bin_names_each_tls_failure_and_exits_1() {
 }
 
 #[tokio::test]
-async fn client_cert_only_billing_bin_without_a_certificate_exits_1() {
+async fn billing_bin_without_a_certificate_exits_1() {
     let run = billing_bin_topics_verify(&[], &["KAFKA_SSL_CERTIFICATE_LOCATION", "KAFKA_SSL_KEY_LOCATION"]).await;
     let (code, stderr, took) = (run.code, run.stderr, run.took);
     assert_eq!(code, Some(1), "{stderr}");

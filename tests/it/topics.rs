@@ -45,7 +45,7 @@ async fn verification_names_every_missing_topic() {
 }
 
 #[tokio::test]
-async fn creation_is_explicit_and_idempotent_needs_create_topics() {
+async fn creation_is_explicit_and_idempotent() {
     let (connection, topology, plan) = plan(3);
     let created = within("create", plan.create(&connection, true)).await.unwrap();
     let names: Vec<String> = topology.all_topics().map(|t| t.to_string()).collect();
@@ -69,7 +69,7 @@ async fn creation_is_explicit_and_idempotent_needs_create_topics() {
 }
 
 #[tokio::test]
-async fn retry_topics_need_as_many_partitions_as_the_source_needs_create_topics() {
+async fn retry_topics_need_as_many_partitions_as_the_source() {
     let (connection, topology, plan) = plan(1);
     let client = rskafka_client().await;
     let controller = client.controller_client().unwrap();

@@ -297,9 +297,9 @@ impl MockCluster {
         std::env::var("KAFKA_RETRY_MOCK_CONTROL").ok().filter(|c| !c.is_empty()).map(|control| MockCluster { control })
     }
 
-    /// The mock cluster, for tests that only make sense on it (their names
-    /// start with `mock_only`, and `cargo xtask integration` runs them on the
-    /// mock alone).
+    /// The mock cluster, for tests that only make sense on it (they need
+    /// `MockFaults` in `tests/it/needs.rs`, and `cargo xtask integration`
+    /// runs them on the mock alone).
     pub fn get() -> MockCluster {
         MockCluster::from_env().unwrap_or_else(|| {
             panic!(
@@ -473,8 +473,8 @@ impl KafkaCluster {
         Some(KafkaCluster { nodes })
     }
 
-    /// The cluster, for tests that only make sense on Apache Kafka (their
-    /// names contain `kafka_only`); panics without one.
+    /// The cluster, for tests that only make sense on Apache Kafka (they
+    /// need `ApacheKafka` in `tests/it/needs.rs`); panics without one.
     pub fn get() -> KafkaCluster {
         KafkaCluster::from_env().unwrap_or_else(|| {
             panic!(

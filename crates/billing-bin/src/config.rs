@@ -372,13 +372,13 @@ impl RunArgs {
         admin_token(self.admin_token_file.as_deref())
     }
 
-    pub(crate) fn window(&self) -> Result<retry_core::WindowConfig, Failure> {
-        retry_core::WindowConfig::new(self.max_in_flight, retry_core::NullKeys::Ordered)
+    pub(crate) fn window(&self) -> Result<retry_core::window::WindowConfig, Failure> {
+        retry_core::window::WindowConfig::new(self.max_in_flight, retry_core::window::NullKeys::Ordered)
             .map_err(|e| Failure::Config(format!("BILLING_MAX_IN_FLIGHT: {e}")))
     }
 
     /// The outage brake's settings; `None` when it is off.
-    pub(crate) fn brake(&self) -> Result<Option<retry_core::BrakeConfig>, Failure> {
+    pub(crate) fn brake(&self) -> Result<Option<retry_core::brake::BrakeConfig>, Failure> {
         match self.brake.trim() {
             "off" => return Ok(None),
             "on" => {}
@@ -387,9 +387,9 @@ impl RunArgs {
         fn config(setting: &'static str) -> impl Fn(retry_core::Error) -> Failure {
             move |e| Failure::Config(format!("{setting}: {e}"))
         }
-        let pauses = retry_core::BackoffConfig::new(self.brake_probe_pause, self.brake_probe_pause_max)
+        let pauses = retry_core::backoff::BackoffConfig::new(self.brake_probe_pause, self.brake_probe_pause_max)
             .map_err(config("BILLING_BRAKE_PROBE_PAUSE and BILLING_BRAKE_PROBE_PAUSE_MAX"))?;
-        let brake = retry_core::BrakeConfig::default()
+        let brake = retry_core::brake::BrakeConfig::default()
             .with_window(self.brake_window)
             .map_err(config("BILLING_BRAKE_WINDOW"))?
             .with_threshold(self.brake_failure_rate, self.brake_min_calls)

@@ -82,7 +82,7 @@ pub(crate) async fn serve(setting: &str, addr: SocketAddr, app: Router, limits: 
         async move {
             let graceful = GracefulShutdown::new();
             // One listener, nothing to spread out: no jitter.
-            let pauses = retry_core::BackoffConfig::new(Duration::from_millis(10), Duration::from_secs(1))
+            let pauses = retry_core::backoff::BackoffConfig::new(Duration::from_millis(10), Duration::from_secs(1))
                 .and_then(|c| c.with_jitter(0.0))
                 .expect("valid pauses");
             let mut pauses = pauses.pauses(|| 0.0);

@@ -90,7 +90,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");
     let operators_server = match token {
         Some(token) => {
-            let groups = retry_core::LadderGroups::new(&args.group_id, policy.topology())
+            let groups = retry_core::groups::LadderGroups::new(&args.group_id, policy.topology())
                 .map_err(|e| Failure::Config(e.to_string()))?;
             let store = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups).await?;
             let failures = operators::AuthFailures::new(args.operator_max_auth_failures, Duration::from_secs(60));

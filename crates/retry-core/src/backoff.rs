@@ -16,7 +16,7 @@ use crate::{Error, Result};
 ///
 /// ```
 /// use std::time::Duration;
-/// use retry_core::BackoffConfig;
+/// use retry_core::backoff::BackoffConfig;
 ///
 /// let ms = Duration::from_millis;
 /// let config = BackoffConfig::new(ms(100), ms(1_000)).unwrap();
@@ -82,7 +82,7 @@ impl BackoffConfig {
 ///
 /// ```
 /// use std::time::Duration;
-/// use retry_core::BackoffConfig;
+/// use retry_core::backoff::BackoffConfig;
 ///
 /// let ms = Duration::from_millis;
 /// // Full jitter and draws of one half: each pause is half the unjittered one.

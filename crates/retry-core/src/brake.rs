@@ -25,13 +25,15 @@ use std::{collections::VecDeque, time::Duration};
 /// How [`Brake::marker`] begins.
 const MARKER_PREFIX: &str = "brake-engaged-since:";
 
-use crate::{Backoff, BackoffConfig, DeadLetterReason, Decision, Error, FailureKind, Result, Timestamp};
+use crate::{
+    backoff::Backoff, backoff::BackoffConfig, DeadLetterReason, Decision, Error, FailureKind, Result, Timestamp,
+};
 
 /// When the brake engages and how it comes back.
 ///
 /// ```
 /// use std::time::Duration;
-/// use retry_core::BrakeConfig;
+/// use retry_core::brake::BrakeConfig;
 ///
 /// let config = BrakeConfig::default(); // 50 % of at least 20 calls in 30 s
 /// assert_eq!(config.window(), Duration::from_secs(30));
@@ -131,7 +133,7 @@ impl BrakeConfig {
 /// What the brake lets the transport do now.
 ///
 /// ```
-/// use retry_core::{Brake, BrakeConfig, Permit, Timestamp};
+/// use retry_core::{brake::Brake, brake::BrakeConfig, brake::Permit, Timestamp};
 ///
 /// let mut brake = Brake::new(BrakeConfig::default(), || 0.0);
 /// assert_eq!(brake.permit(Timestamp::from_millis(0)), Permit::Run);
@@ -151,7 +153,7 @@ pub enum Permit {
 /// The brake's state, as its gauge shows it.
 ///
 /// ```
-/// use retry_core::BrakeState;
+/// use retry_core::brake::BrakeState;
 ///
 /// let gauge = [BrakeState::Running, BrakeState::Probing, BrakeState::Paused].map(BrakeState::gauge);
 /// assert_eq!(gauge, [0, 1, 2]);
@@ -180,7 +182,7 @@ impl BrakeState {
 /// A change of state, for the transport to log and count.
 ///
 /// ```
-/// use retry_core::{Brake, BrakeChange, BrakeConfig, FailureKind, Timestamp};
+/// use retry_core::{brake::Brake, brake::BrakeChange, brake::BrakeConfig, FailureKind, Timestamp};
 ///
 /// let mut brake = Brake::new(BrakeConfig::default().with_threshold(100, 1).unwrap(), || 0.0);
 /// let t = Timestamp::from_millis(0);
@@ -222,7 +224,7 @@ const MAX_SAMPLES: usize = 4096;
 ///
 /// ```
 /// use std::time::Duration;
-/// use retry_core::{Brake, BrakeConfig, BrakeState, FailureKind, Permit, Timestamp};
+/// use retry_core::{brake::Brake, brake::BrakeConfig, brake::BrakeState, FailureKind, brake::Permit, Timestamp};
 ///
 /// let config = BrakeConfig::default().with_threshold(50, 4).unwrap();
 /// let mut brake = Brake::new(config, || 0.0); // no jitter
@@ -375,7 +377,7 @@ impl<R: FnMut() -> f64> Brake<R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use retry_core::{Brake, BrakeConfig, BrakeState, FailureKind, Permit, Timestamp};
+    /// use retry_core::{brake::Brake, brake::BrakeConfig, brake::BrakeState, FailureKind, brake::Permit, Timestamp};
     ///
     /// let config = BrakeConfig::default().with_threshold(50, 2).unwrap();
     /// let (mut old, mut new) = (Brake::new(config.clone(), || 0.0), Brake::new(config, || 0.0));

@@ -4,7 +4,7 @@ use std::fmt;
 ///
 /// ```
 /// use std::time::Duration;
-/// use retry_core::{BackoffConfig, Result};
+/// use retry_core::{backoff::BackoffConfig, Result};
 ///
 /// /// The pauses of a service whose longest one is a setting.
 /// fn backoff(max_secs: u64) -> Result<BackoffConfig> {

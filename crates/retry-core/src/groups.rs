@@ -12,7 +12,7 @@ pub const MAX_GROUP_ID_BYTES: usize = 200;
 /// dead-letter topic is a group that nothing consumes.
 ///
 /// ```
-/// use retry_core::{LadderGroups, RetryTopology, Stage};
+/// use retry_core::{groups::LadderGroups, RetryTopology, Stage};
 ///
 /// let topology = RetryTopology::new("orders.confirmed", &"5s,30s".parse().unwrap()).unwrap();
 /// let groups = LadderGroups::new("billing", &topology).unwrap();

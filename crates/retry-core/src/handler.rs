@@ -62,7 +62,7 @@ impl ConsumedRecord {
 ///
 /// Calls run concurrently: records of different partitions, and records of
 /// one partition with different keys, up to the in-flight window
-/// ([`WindowConfig`](crate::WindowConfig)). Records with the same key are
+/// ([`WindowConfig`](crate::window::WindowConfig)). Records with the same key are
 /// handled one after another, in offset order.
 ///
 /// Retried and replayed records are delivered again: handlers must be idempotent.

@@ -16,22 +16,29 @@
 //! executes decisions; everything about attempts, delays, topic names and
 //! headers is decided, and tested, here.
 //!
-//! The pieces:
-//! - [`RecordHandler`], [`ConsumedRecord`]: what a service implements and receives.
-//! - [`LadderGroups`]: the consumer groups of a ladder; [`Stage::attempt`]: attempt numbers.
+//! What a service author needs is at the root:
+//! - [`RecordHandler`], [`ConsumedRecord`], [`HandlerError`], [`FailureKind`],
+//!   [`classify_http_status`]: what a service implements, receives and
+//!   returns, and what is worth retrying.
 //! - [`RetrySchedule`]: the ladder's delays, parsed from `"5s,30s,5m"`.
 //! - [`RetryTopology`]: the topic names derived from a source topic and a schedule.
-//! - [`RetryHeaders`]: the `x-retry-*`/`x-original-*` headers carried along the ladder.
-//! - [`HandlerError`], [`FailureKind`], [`classify_http_status`]: what is worth retrying.
-//! - [`BackoffConfig`], [`Backoff`]: the pauses between attempts retried in
-//!   place (reconnecting, publishing again, rejoining), with injected jitter.
-//! - [`Brake`], [`BrakeConfig`]: the outage brake, which stops feeding the
-//!   ladder while most calls fail transiently, and holds exhausted records
-//!   back from the dead-letter topic meanwhile.
-//! - [`InFlightWindow`]: which records of a partition may be handled
-//!   concurrently (per-key order) and how far the partition may be committed.
-//! - [`RetryPolicy`]: the decision function, the due time of a retry record,
-//!   and the headers of a record that operators replay from the dead-letter topic.
+//! - [`RetryPolicy`], [`PolicyConfig`], [`Decision`], [`Stage`]: the
+//!   decision function and the due time of a retry record.
+//! - [`Headers`], [`RetryHeaders`], [`header_names`]: the headers carried
+//!   along the ladder, and [`DeadLetterReason`].
+//!
+//! The machinery a transport runs lives in modules named for what it is:
+//! - [`window`]: which records of a partition may be handled concurrently
+//!   (per-key order) and how far the partition may be committed.
+//! - [`brake`]: the outage brake, which stops feeding the ladder while most
+//!   calls fail transiently, and holds exhausted records back from the
+//!   dead-letter topic meanwhile.
+//! - [`replay`]: replays from the dead-letter topic, their targets and guards.
+//! - [`operators`]: where operators stand on a dead-letter partition, and
+//!   which records a replay selects.
+//! - [`groups`]: the consumer groups of a ladder.
+//! - [`backoff`]: the pauses between attempts retried in place
+//!   (reconnecting, publishing again, rejoining), with injected jitter.
 //!
 //! ```
 //! use retry_core::{
@@ -62,32 +69,26 @@
 //! }
 //! ```
 
-mod backoff;
-mod brake;
+pub mod backoff;
+pub mod brake;
 mod decision;
 mod error;
 mod failure;
-mod groups;
+pub mod groups;
 mod handler;
 mod headers;
-mod operators;
-mod replay;
+pub mod operators;
+pub mod replay;
 mod schedule;
 mod time;
 mod topic;
-mod window;
+pub mod window;
 
-pub use backoff::{Backoff, BackoffConfig};
-pub use brake::{Brake, BrakeChange, BrakeConfig, BrakeState, Permit};
 pub use decision::{Decision, PolicyConfig, RecordMeta, RetryPolicy, Stage};
 pub use error::{Error, HeaderProblem, Result};
 pub use failure::{classify_http_status, FailureKind};
-pub use groups::{LadderGroups, MAX_GROUP_ID_BYTES};
 pub use handler::{ConsumedRecord, HandlerError, RecordHandler};
 pub use headers::{header_names, DeadLetterReason, Headers, RetryHeaders, MAX_ERROR_BYTES};
-pub use operators::{OperatorsPosition, PositionFull, ReplaySelection, MAX_POSITION_METADATA_BYTES};
-pub use replay::{ReplayGuards, ReplayRefused, ReplayTarget};
 pub use schedule::{parse_duration, RetrySchedule, Rung, MAX_DELAY, MAX_RUNGS};
 pub use time::Timestamp;
 pub use topic::{RetryTopology, TopicName, MAX_TOPIC_NAME_BYTES};
-pub use window::{InFlightWindow, NullKeys, WindowConfig};

@@ -21,7 +21,7 @@ const METADATA_PREFIX: &str = "handled-above:";
 /// Where operators stand on one dead-letter partition.
 ///
 /// ```
-/// use retry_core::OperatorsPosition;
+/// use retry_core::operators::OperatorsPosition;
 ///
 /// let mut position = OperatorsPosition::new(Some(10), None, 0);
 /// position.handle(12).unwrap(); // replayed by key, out of order
@@ -47,7 +47,7 @@ pub struct OperatorsPosition {
     "too many records handled out of order above offset {next}: acknowledge or replay the records before them first"
 )]
 /// ```
-/// use retry_core::{OperatorsPosition, PositionFull, MAX_POSITION_METADATA_BYTES};
+/// use retry_core::{operators::OperatorsPosition, operators::PositionFull, operators::MAX_POSITION_METADATA_BYTES};
 ///
 /// let mut position = OperatorsPosition::new(Some(0), None, 0);
 /// // Every other record handled out of order: one range each, until the metadata is full.
@@ -214,7 +214,7 @@ fn parse_ranges(metadata: &str) -> Option<BTreeMap<i64, i64>> {
 /// them were handled already.
 ///
 /// ```
-/// use retry_core::ReplaySelection;
+/// use retry_core::operators::ReplaySelection;
 ///
 /// // One customer's records on partition 2, at most 100 of them.
 /// let selection = ReplaySelection {

@@ -11,7 +11,7 @@ use crate::{header_names as names, Headers, RetryHeaders, RetryPolicy, Timestamp
 /// Uber's "merge" of the dead-letter queue back into the ladder).
 ///
 /// ```
-/// use retry_core::{ReplayTarget, RetryPolicy, RetryTopology};
+/// use retry_core::{replay::ReplayTarget, RetryPolicy, RetryTopology};
 ///
 /// let topology = RetryTopology::new("orders", &"5s,30s".parse().unwrap()).unwrap();
 /// let policy = RetryPolicy::new(topology, Default::default());
@@ -34,7 +34,7 @@ pub enum ReplayTarget {
 ///
 /// ```
 /// use std::time::Duration;
-/// use retry_core::{Headers, ReplayGuards, ReplayRefused, ReplayTarget, RetryPolicy, RetryTopology, Timestamp};
+/// use retry_core::{Headers, replay::ReplayGuards, replay::ReplayRefused, replay::ReplayTarget, RetryPolicy, RetryTopology, Timestamp};
 ///
 /// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
 /// let mut dead_letter = Headers::new();
@@ -64,7 +64,7 @@ pub struct ReplayGuards {
 ///
 /// ```
 /// use std::time::Duration;
-/// use retry_core::{Headers, ReplayGuards, ReplayRefused, ReplayTarget, RetryPolicy, RetryTopology, Timestamp};
+/// use retry_core::{Headers, replay::ReplayGuards, replay::ReplayRefused, replay::ReplayTarget, RetryPolicy, RetryTopology, Timestamp};
 ///
 /// let policy = RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
 /// let window = Duration::from_secs(24 * 3600);

@@ -22,7 +22,7 @@ use crate::{Error, Result};
 /// How records without a key are ordered.
 ///
 /// ```
-/// use retry_core::{InFlightWindow, NullKeys, WindowConfig};
+/// use retry_core::{window::InFlightWindow, window::NullKeys, window::WindowConfig};
 ///
 /// for (null_keys, ready) in [(NullKeys::Ordered, vec![0]), (NullKeys::Unordered, vec![0, 1])] {
 ///     let mut window = InFlightWindow::new(WindowConfig::new(8, null_keys).unwrap(), 0);
@@ -43,7 +43,7 @@ pub enum NullKeys {
 /// The window's settings; [`WindowConfig::new`] checks them.
 ///
 /// ```
-/// use retry_core::{NullKeys, WindowConfig};
+/// use retry_core::{window::NullKeys, window::WindowConfig};
 ///
 /// let config = WindowConfig::new(16, NullKeys::Unordered).unwrap();
 /// assert_eq!((config.max_in_flight(), config.null_keys()), (16, NullKeys::Unordered));
@@ -146,7 +146,7 @@ impl std::hash::Hasher for Identity {
 /// entries in offset order, each lane a chain through them.
 ///
 /// ```
-/// use retry_core::{InFlightWindow, WindowConfig};
+/// use retry_core::{window::InFlightWindow, window::WindowConfig};
 ///
 /// let mut window = InFlightWindow::new(WindowConfig::default(), 100);
 /// for (offset, key) in [(100, "a"), (101, "a"), (102, "b")] {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use retry_core::{Backoff, BackoffConfig};
+use retry_core::{backoff::Backoff, backoff::BackoffConfig};
 
 /// Pauses growing from a first one to a longest one.
 pub(crate) struct Pauses(Backoff<fn() -> f64>);

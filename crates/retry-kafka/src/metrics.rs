@@ -315,7 +315,7 @@ impl Metrics {
             .set(i64::from(stalled));
     }
 
-    pub(crate) fn brake_state(&self, t: &str, state: retry_core::BrakeState) {
+    pub(crate) fn brake_state(&self, t: &str, state: retry_core::brake::BrakeState) {
         self.brake_state.get_or_create(&topic(t)).set(state.gauge());
     }
 

@@ -11,7 +11,7 @@ use axum::{
     Json,
 };
 use bytes::Bytes;
-use retry_core::{ReplayGuards, ReplaySelection};
+use retry_core::{operators::ReplaySelection, replay::ReplayGuards};
 use retry_kafka::{Acknowledgement, BrowsePage, ReplayRequest};
 
 use super::{

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use retry_core::OperatorsPosition;
+use retry_core::operators::OperatorsPosition;
 use retry_kafka::{
     Acknowledgement, BrowsePage, DeadLetter, DeadLetterAdmin, DeadLetterStatus, ReplayReport, ReplayRequest, Result,
 };

@@ -10,7 +10,7 @@ use std::{
 
 use bytes::Bytes;
 use reqwest::{Method, StatusCode};
-use retry_core::{Headers, OperatorsPosition, RetryPolicy, RetrySchedule, RetryTopology};
+use retry_core::{operators::OperatorsPosition, Headers, RetryPolicy, RetrySchedule, RetryTopology};
 use retry_kafka::{
     Acknowledgement, BrowsePage, DeadLetter, DeadLetterStatus, PartitionReplay, PartitionStatus, ReplayReport,
     ReplayRequest,

@@ -10,8 +10,8 @@ use std::{
 
 use bytes::Bytes;
 use retry_core::{
-    Headers, LadderGroups, OperatorsPosition, ReplayGuards, ReplaySelection, ReplayTarget, RetryHeaders, RetryPolicy,
-    Timestamp,
+    groups::LadderGroups, operators::OperatorsPosition, operators::ReplaySelection, replay::ReplayGuards,
+    replay::ReplayTarget, Headers, RetryHeaders, RetryPolicy, Timestamp,
 };
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use tokio::sync::Mutex;

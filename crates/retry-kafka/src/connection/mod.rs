@@ -15,7 +15,7 @@ use crate::{ClientError, Error, Result};
 use security::Security;
 
 /// How to reach the cluster: built by [`ConnectionConfig::new`] (or
-/// [`ConnectionSettings::connection`]), which check what they are given.
+/// [`ConnectionSettings::connection`](crate::ConnectionSettings::connection)), which check what they are given.
 #[derive(Debug, Clone)]
 pub struct ConnectionConfig {
     /// `host:port` of one or more brokers (never empty).

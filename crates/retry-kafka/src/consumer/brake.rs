@@ -5,7 +5,9 @@
 
 use std::sync::Mutex;
 
-use retry_core::{Brake, BrakeChange, BrakeConfig, Decision, HandlerError, Permit, Stage, Timestamp};
+use retry_core::{
+    brake::Brake, brake::BrakeChange, brake::BrakeConfig, brake::Permit, Decision, HandlerError, Stage, Timestamp,
+};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -75,7 +77,7 @@ impl SharedBrake {
     pub(crate) fn new(config: Option<BrakeConfig>, metrics: Metrics, topic: &str) -> Self {
         let brake = config.map(|c| Mutex::new(Brake::new(c, rand::random::<f64> as fn() -> f64)));
         if brake.is_some() {
-            metrics.brake_state(topic, retry_core::BrakeState::Running);
+            metrics.brake_state(topic, retry_core::brake::BrakeState::Running);
         }
         SharedBrake { brake, changed: Notify::new(), metrics, topic: topic.to_owned() }
     }

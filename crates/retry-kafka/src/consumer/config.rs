@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use retry_core::{LadderGroups, RetryPolicy};
+use retry_core::{groups::LadderGroups, RetryPolicy};
 
 use crate::{
     protocol::produce::DEFAULT_MAX_REQUEST_BYTES, session, Compression, ConnectionConfig, Error, IsolationLevel, Result,
@@ -92,7 +92,7 @@ pub struct ListenerConfig {
     pub session_timeout: Duration,
     /// How long the coordinator waits for members to rejoin in a rebalance:
     /// longer than a revoked member's drain (its calls' time, aborting what
-    /// outlives them, a last commit), which [`Listener::start`] checks.
+    /// outlives them, a last commit), which [`Listener::start`](crate::Listener::start) checks.
     pub rebalance_timeout: Duration,
     /// How often heartbeats are sent (at most half the session timeout).
     pub heartbeat_interval: Duration,
@@ -150,7 +150,7 @@ pub struct ListenerConfig {
     /// A partition whose republications keep failing for this long (or at
     /// once, when the broker refuses them outright: authorization, record
     /// too large) is reported stalled: an error log, the
-    /// `kafka_retry_partition_stalled` gauge and [`Listener::is_ready`]
+    /// `kafka_retry_partition_stalled` gauge and [`Listener::is_ready`](crate::Listener::is_ready)
     /// turning false, until a publish goes through.
     pub publish_stall_after: Duration,
     /// How often the dead-letter backlog (`kafka_retry_dlq_backlog`) is measured.
@@ -163,15 +163,15 @@ pub struct ListenerConfig {
     /// records without a key are ordered: records of one key are handled
     /// one after another in offset order, records of different keys
     /// concurrently, and the partition is committed only up to its lowest
-    /// unfinished record (see [`retry_core::InFlightWindow`]).
-    pub window: retry_core::WindowConfig,
+    /// unfinished record (see [`retry_core::window::InFlightWindow`]).
+    pub window: retry_core::window::WindowConfig,
     /// The outage brake (off by default): when most handler calls fail
     /// transiently, records wait instead of moving down the ladder, the
     /// downstream is probed one record at a time, and records that
     /// exhausted the ladder are held back from the dead-letter topic for at
-    /// most [`BrakeConfig::max_engaged`](retry_core::BrakeConfig::max_engaged).
-    /// See [`retry_core::Brake`].
-    pub brake: Option<retry_core::BrakeConfig>,
+    /// most [`BrakeConfig::max_engaged`](retry_core::brake::BrakeConfig::max_engaged).
+    /// See [`retry_core::brake::Brake`].
+    pub brake: Option<retry_core::brake::BrakeConfig>,
 }
 
 impl ListenerConfig {
@@ -211,7 +211,7 @@ impl ListenerConfig {
             publish_stall_after: Duration::from_secs(60),
             dlq_poll_interval: Duration::from_secs(15),
             partition_check_interval: Duration::from_secs(30),
-            window: retry_core::WindowConfig::default(),
+            window: retry_core::window::WindowConfig::default(),
             brake: None,
         })
     }

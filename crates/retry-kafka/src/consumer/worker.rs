@@ -8,7 +8,7 @@ use futures_util::{
     FutureExt,
 };
 
-use retry_core::{Decision, HandlerError, InFlightWindow, RecordMeta, Stage, Timestamp};
+use retry_core::{window::InFlightWindow, Decision, HandlerError, RecordMeta, Stage, Timestamp};
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -152,7 +152,7 @@ struct InFlight<'a> {
 }
 
 impl<'a> InFlight<'a> {
-    fn new(config: retry_core::WindowConfig) -> Self {
+    fn new(config: retry_core::window::WindowConfig) -> Self {
         InFlight {
             window: InFlightWindow::new(config, 0),
             admitted: Waiting::default(),

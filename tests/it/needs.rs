@@ -1,0 +1,108 @@
+//! What each integration test needs beyond what every broker gives, declared
+//! here and nowhere else: `cargo xtask integration` reads this table
+//! (xtask includes this file) to decide which broker runs which test, prints
+//! what each run leaves out and why, and fails when the table names a test
+//! that does not exist. A test's name says what it checks, never where it
+//! runs: renaming a test without its line here fails the run.
+
+/// What a test needs of the broker, or of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// Apache Kafka itself: its nodes stopped, killed and restarted, its re-authentication on a live connection, its Java client, what only a real broker shows.
+    ApacheKafka,
+    /// The mock cluster's fault injection (errors, delays and leader moves per request), or what only the mock lacks.
+    MockFaults,
+    /// A broker that requires SASL.
+    Sasl,
+    /// A broker behind TLS.
+    Tls,
+    /// tansu's TLS terminator, which the test restarts to cut every connection at once.
+    TlsProxy,
+    /// A broker that requires client certificates (mutual TLS).
+    ClientCert,
+    /// CreateTopics.
+    CreateTopics,
+    /// DeleteRecords.
+    DeleteRecords,
+    /// ListOffsets by time: the first record at or after a time.
+    OffsetsByTime,
+    /// Offset commits from the ending generation while a rebalance is prepared.
+    CommitsDuringRebalances,
+    /// Transactions that commit (EndTxn).
+    Transactions,
+    /// A topic's max.message.bytes enforced.
+    MessageLimits,
+    /// Record batches stored as producers wrote them (compressed, any size).
+    BatchesKept,
+    /// Offset-commit metadata kept.
+    CommitMetadata,
+    /// A group whose leader left during a rebalance electing another.
+    LeaderReelection,
+    /// A broker that drops offset-commit metadata (the test checks what happens there).
+    CommitMetadataDropped,
+    /// Much time (crash recovery of the service): left out of the passes that repeat the suite through security settings.
+    LongRun,
+    /// A minute of its own (a provider outage, the same on every broker): it runs once, on Apache Kafka's whole pass.
+    OncePerRun,
+}
+
+/// Every test that needs more than every broker gives, by its path.
+pub(crate) const NEEDS: &[(&str, &[Need])] = &[
+    ("billing::a_kill_mid_stream_charges_every_event_exactly_once", &[Need::LongRun]),
+    ("billing::an_engaged_brake_is_taken_up_by_the_next_owner_of_what_it_held", &[Need::CommitMetadata]),
+    ("billing::an_outage_of_the_provider_fills_no_dead_letter_topic_with_the_brake", &[Need::OncePerRun]),
+    ("billing::events_past_the_idempotency_window_are_dead_lettered_not_charged", &[Need::OffsetsByTime]),
+    ("billing::faults::billing_charges_every_order_through_leader_moves_and_a_broker_outage", &[Need::MockFaults]),
+    ("billing::faults::every_order_is_charged_once_through_a_killed_leader_and_coordinator", &[Need::ApacheKafka]),
+    ("billing::faults::every_order_is_charged_once_through_a_rolling_restart", &[Need::ApacheKafka]),
+    ("billing::faults::every_order_is_charged_once_through_connections_cut_by_the_broker", &[Need::TlsProxy]),
+    (
+        "billing::faults::replay_scale_twenty_thousand_dead_letters_two_instances_an_operator_and_a_pending_provider",
+        &[Need::LeaderReelection],
+    ),
+    ("billing::faults::two_brokers_down_stall_loudly_and_lose_nothing", &[Need::ApacheKafka]),
+    ("billing::orders_are_charged_through_sessions_of_seconds", &[Need::ApacheKafka, Need::Sasl]),
+    ("billing::the_password_never_reaches_logs_or_metrics", &[Need::Sasl]),
+    ("billing::topics_create_names_the_request_the_broker_lacks", &[Need::MockFaults]),
+    ("broker_path::rskafka_metadata_for_a_missing_topic_auto_creates_it", &[Need::MockFaults]),
+    ("dead_letters::a_partly_failed_replay_commits_what_it_published_and_a_repeat_does_the_rest", &[Need::MockFaults]),
+    ("dead_letters::a_record_above_the_position_is_refused_with_the_reason", &[Need::CommitMetadataDropped]),
+    ("dead_letters::dead_letters_deleted_unhandled_are_counted_as_lost", &[Need::DeleteRecords]),
+    ("dead_letters::one_replay_at_a_time_across_instances", &[Need::LeaderReelection]),
+    ("dead_letters::targeted_replays_are_recorded_and_never_repeated", &[Need::CommitMetadata]),
+    ("faults::a_broker_down_for_ten_seconds_loses_nothing", &[Need::MockFaults]),
+    ("faults::a_heartbeat_without_an_answer_is_given_up_within_the_session", &[Need::MockFaults]),
+    ("faults::a_member_dropped_while_it_drains_abandons_its_records_at_once", &[Need::MockFaults]),
+    ("faults::a_moved_coordinator_and_group_errors_are_survived", &[Need::MockFaults]),
+    ("faults::a_partition_that_cannot_publish_stalls_visibly_and_resumes", &[Need::MockFaults]),
+    ("faults::a_republication_tried_again_after_a_lost_answer_is_written_once", &[Need::ApacheKafka]),
+    ("faults::committed_offsets_that_cannot_be_read_yet_are_read_again_within_the_generation", &[Need::MockFaults]),
+    ("faults::leader_moves_and_stale_out_of_range_answers_reset_nothing", &[Need::MockFaults]),
+    ("faults::partitions_added_to_the_source_are_consumed", &[Need::MockFaults]),
+    ("faults::refused_produce_requests_are_retried_or_split", &[Need::MockFaults]),
+    ("faults::requests_that_never_answer_are_abandoned_and_their_connections_replaced", &[Need::MockFaults]),
+    ("group::a_drain_longer_than_the_session_keeps_the_member_and_its_commit", &[Need::CommitsDuringRebalances]),
+    ("group::a_java_consumer_shares_the_group_and_reads_the_dead_letters_as_written", &[Need::ApacheKafka]),
+    ("group::a_member_stopped_while_it_joins_leaves_the_group", &[Need::ApacheKafka]),
+    ("group::a_rebalance_lets_a_call_run_past_the_shutdown_grace", &[Need::CommitsDuringRebalances]),
+    ("group::a_static_member_restarts_within_its_session_without_a_rebalance", &[Need::ApacheKafka]),
+    ("interop::records_of_an_aborted_transaction_reach_the_handler_as_documented", &[Need::MockFaults]),
+    ("records::a_batch_that_fails_its_checksum_is_dead_lettered_as_it_is", &[Need::MockFaults]),
+    ("records::a_batch_that_inflates_beyond_the_cap_is_dead_lettered_as_it_is", &[Need::BatchesKept]),
+    ("records::a_record_too_large_for_its_retry_topic_is_dead_lettered", &[Need::MessageLimits]),
+    ("records::records_of_aborted_transactions_never_reach_the_handler", &[Need::ApacheKafka]),
+    ("records::transaction_markers_never_hold_a_partition", &[Need::Transactions]),
+    ("sasl::a_client_without_credentials_is_refused", &[Need::Sasl]),
+    ("sasl::a_connection_that_outlives_its_session_authenticates_again", &[Need::Sasl]),
+    ("sasl::a_wrong_password_is_refused_naming_broker_user_and_mechanism", &[Need::Sasl]),
+    ("sasl::billing_bin_with_a_wrong_password_exits_1_without_showing_it", &[Need::Sasl]),
+    ("sasl::sessions_are_renewed_on_the_same_connection", &[Need::ApacheKafka, Need::Sasl]),
+    ("tls::a_broker_signed_by_an_untrusted_ca_is_refused", &[Need::Tls]),
+    ("tls::a_client_without_a_certificate_is_refused", &[Need::ClientCert]),
+    ("tls::a_host_name_the_certificate_lacks_is_refused_unless_verification_is_off", &[Need::Tls]),
+    ("tls::billing_bin_names_each_tls_failure_and_exits_1", &[Need::Tls]),
+    ("tls::billing_bin_without_a_certificate_exits_1", &[Need::ClientCert]),
+    ("topics::creation_is_explicit_and_idempotent", &[Need::CreateTopics]),
+    ("topics::retry_topics_need_as_many_partitions_as_the_source", &[Need::CreateTopics]),
+    ("window::a_revocation_with_a_full_window_hands_over_without_redelivery", &[Need::CommitsDuringRebalances]),
+];
