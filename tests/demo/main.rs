@@ -493,7 +493,7 @@ impl Ladder {
         // The groups the service's listener joins.
         let groups = LadderGroups::new(group, &topology).expect("the demo's group id is valid");
         let mut consumed = Vec::new();
-        for (stage, topic, group) in groups.consumed(&topology) {
+        for retry_core::groups::ConsumedTopic { stage, topic, group } in groups.consumed(&topology) {
             let label = match stage.rung() {
                 None => "source".to_owned(),
                 Some(rung) => format!("rung {}", rung + 1),

@@ -197,7 +197,7 @@ async fn wait_drained(setup: &Setup) {
     let topology = setup.topology();
     let groups = LadderGroups::new(&setup.group, &topology).unwrap();
     let connection = integration::connection("kafka-retry-it");
-    for (_, topic, group) in groups.consumed(&topology) {
+    for retry_core::groups::ConsumedTopic { topic, group, .. } in groups.consumed(&topology) {
         eventually(&format!("{group} to commit the end of {topic}"), SETTLE, || async {
             let committed = committed(&connection, group, topic, setup.partitions).await;
             for p in 0..setup.partitions {

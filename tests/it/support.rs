@@ -78,7 +78,7 @@ impl Ladder {
     /// Each consumed topic with its group: the source first, then each rung.
     pub(crate) fn consumed(&self) -> Vec<(String, String)> {
         let groups = self.groups();
-        groups.consumed(self.policy.topology()).map(|(_, topic, group)| (topic.to_owned(), group.to_owned())).collect()
+        groups.consumed(self.policy.topology()).map(|c| (c.topic.to_owned(), c.group.to_owned())).collect()
     }
 
     /// A listener config tuned for tests: fast heartbeats and commits.

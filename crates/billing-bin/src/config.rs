@@ -509,7 +509,7 @@ fn parse_schedule(s: &str) -> Result<RetrySchedule, String> {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    match retry_core::parse_duration(s)? {
+    match retry_core::parse_duration(s).map_err(|e| e.to_string())? {
         d if d.is_zero() => Err("must be longer than zero".into()),
         d => Ok(d),
     }

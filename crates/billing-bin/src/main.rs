@@ -134,7 +134,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let groups: Vec<(String, String)> = config
         .groups()
         .consumed(config.policy().topology())
-        .map(|(_, topic, group)| (topic.to_owned(), group.to_owned()))
+        .map(|c| (c.topic.to_owned(), c.group.to_owned()))
         .collect();
     let listener = Listener::start(config, Arc::new(handler)).await?;
     admin.set_running(listener.readiness(), listener.metrics());

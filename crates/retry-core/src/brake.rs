@@ -142,7 +142,7 @@ impl BrakeConfig {
 pub enum Permit {
     /// Start records as usual.
     Run,
-    /// Start this one record, a probe; report its end with `probe: true`.
+    /// Start this one record, a probe; report its end with [`Call::Probe`].
     Probe,
     /// Start nothing before this time.
     WaitUntil(Timestamp),
@@ -179,14 +179,36 @@ impl BrakeState {
     }
 }
 
+/// How a handler call started, as [`Brake::finished`] is told when it ends:
+/// under [`Permit::Run`], or as the probe [`Permit::Probe`] let through.
+///
+/// ```
+/// use retry_core::{brake::{Brake, BrakeConfig, Call, Permit}, Timestamp};
+///
+/// let mut brake = Brake::new(BrakeConfig::default(), || 0.0);
+/// let t = Timestamp::from_millis(0);
+/// let call = match brake.permit(t) {
+///     Permit::Probe => Call::Probe,
+///     _ => Call::Usual,
+/// };
+/// assert_eq!(call, Call::Usual);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// A call the brake let run as usual.
+    Usual,
+    /// The one call the brake let through to probe the downstream.
+    Probe,
+}
+
 /// A change of state, for the transport to log and count.
 ///
 /// ```
-/// use retry_core::{brake::Brake, brake::BrakeChange, brake::BrakeConfig, FailureKind, Timestamp};
+/// use retry_core::{brake::{Brake, BrakeChange, BrakeConfig, Call}, FailureKind, Timestamp};
 ///
 /// let mut brake = Brake::new(BrakeConfig::default().with_threshold(100, 1).unwrap(), || 0.0);
 /// let t = Timestamp::from_millis(0);
-/// let change = brake.finished(Some(FailureKind::Transient), false, t, t);
+/// let change = brake.finished(Some(FailureKind::Transient), Call::Usual, t, t);
 /// assert_eq!(change, Some(BrakeChange::Engaged { failed: 1, calls: 1 }));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,13 +246,13 @@ const MAX_SAMPLES: usize = 4096;
 ///
 /// ```
 /// use std::time::Duration;
-/// use retry_core::{brake::Brake, brake::BrakeConfig, brake::BrakeState, FailureKind, brake::Permit, Timestamp};
+/// use retry_core::{brake::{Brake, BrakeConfig, BrakeState, Call, Permit}, FailureKind, Timestamp};
 ///
 /// let config = BrakeConfig::default().with_threshold(50, 4).unwrap();
 /// let mut brake = Brake::new(config, || 0.0); // no jitter
 /// let t = Timestamp::from_millis(0);
 /// for _ in 0..4 {
-///     brake.finished(Some(FailureKind::Transient), false, t, t);
+///     brake.finished(Some(FailureKind::Transient), Call::Usual, t, t);
 /// }
 /// assert_eq!(brake.state(), BrakeState::Paused);
 /// assert_eq!(brake.permit(t), Permit::WaitUntil(t.saturating_add(Duration::from_secs(5))));
@@ -300,19 +322,18 @@ impl<R: FnMut() -> f64> Brake<R> {
     }
 
     /// A handler call that started at `started` ended at `now`: `failure` is
-    /// `None` on success. `probe` says whether it started under
-    /// [`Permit::Probe`]. Calls that started before the brake last engaged
+    /// `None` on success; `call` says how it started. Calls that started before the brake last engaged
     /// or released end under the usual rules and change nothing (a call
     /// that hung through an outage says nothing of the downstream after it).
     pub fn finished(
         &mut self,
         failure: Option<FailureKind>,
-        probe: bool,
+        call: Call,
         started: Timestamp,
         now: Timestamp,
     ) -> Option<BrakeChange> {
         if failure == Some(FailureKind::Permanent) {
-            if let (true, Engaged::Probing { in_flight, .. }) = (probe, &mut self.engaged) {
+            if let (true, Engaged::Probing { in_flight, .. }) = (call == Call::Probe, &mut self.engaged) {
                 // Says nothing about the downstream: probe again.
                 *in_flight = false;
             }
@@ -320,7 +341,7 @@ impl<R: FnMut() -> f64> Brake<R> {
         }
         let failed = failure.is_some();
         let stale = self.changed_at.is_some_and(|changed| started < changed);
-        match (&mut self.engaged, probe) {
+        match (&mut self.engaged, call == Call::Probe) {
             (Engaged::No, false) if stale => None,
             (Engaged::No, _) => self.observe(failed, now),
             (Engaged::Probing { since, in_flight, successes }, true) => {
@@ -346,7 +367,7 @@ impl<R: FnMut() -> f64> Brake<R> {
         }
     }
 
-    /// The probe started under [`Permit::Probe`] will not end (its record
+    /// The call == Call::Probe started under [`Permit::Probe`] will not end (its record
     /// was left to another owner, or the transport stops): another may start.
     pub fn probe_abandoned(&mut self) {
         if let Engaged::Probing { in_flight, .. } = &mut self.engaged {
@@ -377,14 +398,14 @@ impl<R: FnMut() -> f64> Brake<R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use retry_core::{brake::Brake, brake::BrakeConfig, brake::BrakeState, FailureKind, brake::Permit, Timestamp};
+    /// use retry_core::{brake::{Brake, BrakeConfig, BrakeState, Call, Permit}, FailureKind, Timestamp};
     ///
     /// let config = BrakeConfig::default().with_threshold(50, 2).unwrap();
     /// let (mut old, mut new) = (Brake::new(config.clone(), || 0.0), Brake::new(config, || 0.0));
     /// let t = Timestamp::from_millis(1_000);
     /// assert_eq!(old.marker(), None);
-    /// old.finished(Some(FailureKind::Transient), false, t, t);
-    /// old.finished(Some(FailureKind::Transient), false, t, t);
+    /// old.finished(Some(FailureKind::Transient), Call::Usual, t, t);
+    /// old.finished(Some(FailureKind::Transient), Call::Usual, t, t);
     /// let marker = old.marker().unwrap();
     /// assert_eq!(marker, "brake-engaged-since:1000");
     /// // The next owner takes it up: engaged as of then, it probes first.

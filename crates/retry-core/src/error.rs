@@ -39,6 +39,14 @@ pub enum Error {
         /// Why it was rejected.
         reason: String,
     },
+    /// A duration (`5s`, `1500ms`, `2h`) was rejected.
+    #[error("invalid duration {input:?}: {reason}")]
+    InvalidDuration {
+        /// The duration as given.
+        input: String,
+        /// Why it was rejected.
+        reason: String,
+    },
     /// A topic name, given or derived, breaks Kafka's naming rules.
     #[error("invalid topic name {name:?}: {reason}")]
     InvalidTopicName {

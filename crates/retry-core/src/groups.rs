@@ -16,13 +16,17 @@ pub const MAX_GROUP_ID_BYTES: usize = 200;
 ///
 /// let topology = RetryTopology::new("orders.confirmed", &"5s,30s".parse().unwrap()).unwrap();
 /// let groups = LadderGroups::new("billing", &topology).unwrap();
-/// let consumed: Vec<(&str, &str)> = groups.consumed(&topology).map(|(_, topic, group)| (topic, group)).collect();
+/// let consumed: Vec<(&str, &str)> = groups.consumed(&topology).map(|c| (c.topic, c.group)).collect();
 /// assert_eq!(consumed, [
 ///     ("orders.confirmed", "billing"),
 ///     ("orders.confirmed.retry-5s", "billing.retry-5s"),
 ///     ("orders.confirmed.retry-30s", "billing.retry-30s"),
 /// ]);
-/// assert_eq!(groups.of(Stage::SOURCE), "billing");
+/// assert_eq!(groups.of(Stage::SOURCE), Some("billing"));
+/// // A stage of a longer ladder has no group here.
+/// let longer = RetryTopology::new("orders.confirmed", &"5s,30s,5m".parse().unwrap()).unwrap();
+/// let far = LadderGroups::new("billing", &longer).unwrap().consumed(&longer).last().unwrap().stage;
+/// assert_eq!(groups.of(far), None);
 /// assert_eq!(groups.operators(), "billing.dlq-operators");
 /// assert_eq!(groups.replay_lock(), "billing.dlq-operators.replay-lock");
 /// ```
@@ -32,6 +36,27 @@ pub struct LadderGroups {
     rungs: Vec<String>,
     operators: String,
     replay_lock: String,
+}
+
+/// A topic a listener consumes, with its stage and its group (see
+/// [`LadderGroups::consumed`]).
+///
+/// ```
+/// use retry_core::{groups::LadderGroups, RetryTopology};
+///
+/// let topology = RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap();
+/// let groups = LadderGroups::new("billing", &topology).unwrap();
+/// let rung = groups.consumed(&topology).nth(1).unwrap();
+/// assert_eq!((rung.stage.rung(), rung.topic, rung.group), (Some(0), "orders.retry-5s", "billing.retry-5s"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumedTopic<'a> {
+    /// Where on the ladder it is.
+    pub stage: Stage,
+    /// The topic.
+    pub topic: &'a str,
+    /// The group that consumes it.
+    pub group: &'a str,
 }
 
 impl LadderGroups {
@@ -55,28 +80,27 @@ impl LadderGroups {
         Ok(LadderGroups { source: group_id.to_owned(), rungs, operators, replay_lock })
     }
 
-    /// The group that consumes the topic of `stage`.
-    ///
-    /// # Panics
-    /// When `stage` names a rung this ladder does not have: a stage comes
-    /// from the [`RetryPolicy`](crate::RetryPolicy) of the same topology.
-    pub fn of(&self, stage: Stage) -> &str {
+    /// The group that consumes the topic of `stage`; `None` for a rung
+    /// this ladder does not have (a stage of another ladder).
+    pub fn of(&self, stage: Stage) -> Option<&str> {
         match stage.rung() {
-            None => &self.source,
-            Some(rung) => self.rungs.get(rung).expect("a stage of another ladder"),
+            None => Some(&self.source),
+            Some(rung) => self.rungs.get(rung).map(String::as_str),
         }
     }
 
     /// Each consumed topic of `topology` (the one these groups were derived
     /// from) with its stage and group: the source first, then each rung.
-    pub fn consumed<'a>(&'a self, topology: &'a RetryTopology) -> impl Iterator<Item = (Stage, &'a str, &'a str)> {
-        let source = std::iter::once((Stage::SOURCE, topology.source_topic().as_str(), self.source.as_str()));
-        let rungs = topology
-            .retry_topics()
-            .zip(&self.rungs)
-            .enumerate()
-            .map(|(i, ((_, topic), group))| (Stage::rung_at(i), topic.as_str(), group.as_str()));
-        source.chain(rungs)
+    pub fn consumed<'a>(&'a self, topology: &'a RetryTopology) -> impl Iterator<Item = ConsumedTopic<'a>> {
+        let source = ConsumedTopic {
+            stage: Stage::SOURCE,
+            topic: topology.source_topic().as_str(),
+            group: self.source.as_str(),
+        };
+        let rungs = topology.retry_topics().zip(&self.rungs).enumerate().map(|(i, ((_, topic), group))| {
+            ConsumedTopic { stage: Stage::rung_at(i), topic: topic.as_str(), group: group.as_str() }
+        });
+        std::iter::once(source).chain(rungs)
     }
 
     /// The operators' group: its committed offsets on the dead-letter topic
@@ -99,7 +123,7 @@ mod tests {
     #[track_caller]
     fn check(group_id: &str, expected: Result<&str, &str>) {
         let topology = RetryTopology::new("orders", &"1s".parse().unwrap()).unwrap();
-        let actual = LadderGroups::new(group_id, &topology).map(|g| g.of(Stage::rung_at(0)).to_owned());
+        let actual = LadderGroups::new(group_id, &topology).map(|g| g.of(Stage::rung_at(0)).unwrap().to_owned());
         let actual = actual.as_deref().map_err(|e| match e {
             Error::InvalidGroupId { reason, .. } => *reason,
             other => panic!("unexpected {other}"),

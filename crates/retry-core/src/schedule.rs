@@ -151,11 +151,12 @@ const UNITS: [(&str, u64); 4] = [("h", 3_600_000), ("m", 60_000), ("s", 1_000), 
 ///
 /// ```
 /// use std::time::Duration;
-/// assert_eq!(retry_core::parse_duration("10s"), Ok(Duration::from_secs(10)));
-/// assert!(retry_core::parse_duration("10").is_err());
+/// assert_eq!(retry_core::parse_duration("10s").unwrap(), Duration::from_secs(10));
+/// let error = retry_core::parse_duration("10").unwrap_err();
+/// assert_eq!(error.to_string(), "invalid duration \"10\": \"10\" has no unit (use ms, s, m or h)");
 /// ```
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    parse_delay(s.trim())
+pub fn parse_duration(s: &str) -> crate::Result<Duration> {
+    parse_delay(s.trim()).map_err(|reason| crate::Error::InvalidDuration { input: s.to_owned(), reason })
 }
 
 fn parse_delay(s: &str) -> Result<Duration, String> {

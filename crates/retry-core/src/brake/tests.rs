@@ -40,7 +40,7 @@ fn run(steps: &[Step]) -> Vec<String> {
         .iter()
         .map(|step| match *step {
             End(ms, failure, probe) => {
-                let change = brake.finished(failure, probe, at(ms), at(ms));
+                let change = brake.finished(failure, if probe { Call::Probe } else { Call::Usual }, at(ms), at(ms));
                 format!("{ms}: end {failure:?} probe={probe} -> {change:?}, {:?}", brake.state())
             }
             Ask(ms) => format!("{ms}: ask -> {:?}", brake.permit(at(ms))),
@@ -95,11 +95,11 @@ fn a_run_of_failures_engages_whatever_successes_the_window_holds() {
 fn a_run_of_failures_older_than_the_window_is_over() {
     let mut brake = Brake::new(config(), || 0.0);
     for ms in [0, 9_000, 18_000] {
-        assert_eq!(brake.finished(Some(Transient), false, at(ms), at(ms)), None);
+        assert_eq!(brake.finished(Some(Transient), Call::Usual, at(ms), at(ms)), None);
     }
     // 10 s after the last one, the run starts over: 3 in a row, not 4.
     for ms in [28_000, 28_001, 28_002] {
-        assert_eq!(brake.finished(Some(Transient), false, at(ms), at(ms)), None, "{ms}");
+        assert_eq!(brake.finished(Some(Transient), Call::Usual, at(ms), at(ms)), None, "{ms}");
     }
     assert_eq!(brake.state(), BrakeState::Running);
 }
@@ -108,20 +108,20 @@ fn a_run_of_failures_older_than_the_window_is_over() {
 fn calls_started_before_a_release_do_not_count_after_it() {
     let mut brake = Brake::new(config(), || 0.0);
     for ms in 0..4 {
-        brake.finished(Some(Transient), false, at(ms), at(ms));
+        brake.finished(Some(Transient), Call::Usual, at(ms), at(ms));
     }
     assert_eq!(brake.permit(at(1_003)), Permit::Probe);
-    brake.finished(None, true, at(1_003), at(1_004));
+    brake.finished(None, Call::Probe, at(1_003), at(1_004));
     assert_eq!(brake.permit(at(1_005)), Permit::Probe);
-    assert_eq!(brake.finished(None, true, at(1_005), at(1_006)), Some(BrakeChange::Released));
+    assert_eq!(brake.finished(None, Call::Probe, at(1_005), at(1_006)), Some(BrakeChange::Released));
     // Calls that hung through the outage time out now: they count for nothing.
     for ms in 1_007..1_020 {
-        assert_eq!(brake.finished(Some(Transient), false, at(2), at(ms)), None);
+        assert_eq!(brake.finished(Some(Transient), Call::Usual, at(2), at(ms)), None);
     }
     assert_eq!(brake.state(), BrakeState::Running);
     // Calls started after the release do.
     for ms in 1_020..1_024 {
-        brake.finished(Some(Transient), false, at(ms), at(ms));
+        brake.finished(Some(Transient), Call::Usual, at(ms), at(ms));
     }
     assert_eq!(brake.state(), BrakeState::Paused);
     assert_eq!(brake.holds_until(), Some(at(1_023 + 60_000)));
@@ -227,7 +227,7 @@ fn probes_one_at_a_time_pausing_longer_after_each_failure_and_releases_after_eno
 fn an_abandoned_probe_lets_another_start() {
     let mut brake = Brake::new(config(), || 0.0);
     for ms in 0..4 {
-        brake.finished(Some(Transient), false, at(ms), at(ms));
+        brake.finished(Some(Transient), Call::Usual, at(ms), at(ms));
     }
     assert_eq!(brake.engaged_since(), Some(at(3)));
     assert_eq!(brake.permit(at(1_003)), Permit::Probe);
@@ -257,7 +257,7 @@ fn exhausted_records_wait_while_engaged_for_at_most_the_maximum() {
     let mut brake = Brake::new(config(), || 0.0);
     assert!(!brake.holds(&exhausted, at(0)), "a running brake holds nothing");
     for ms in 0..4 {
-        brake.finished(Some(Transient), false, at(ms), at(ms));
+        brake.finished(Some(Transient), Call::Usual, at(ms), at(ms));
     }
     for (decision, ms, held) in [
         (&exhausted, 3, true),
@@ -338,13 +338,13 @@ mod properties {
                     Op::End(ms, outcome) => {
                         now = now.saturating_add(Duration::from_millis(u64::from(ms)));
                         transient_seen |= outcome == Some(true);
-                        brake.finished(kind(outcome), false, now, now);
+                        brake.finished(kind(outcome), Call::Usual, now, now);
                     }
                     Op::EndProbe(ms, outcome) if probing => {
                         now = now.saturating_add(Duration::from_millis(u64::from(ms)));
                         transient_seen |= outcome == Some(true);
                         probing = false;
-                        brake.finished(kind(outcome), true, now, now);
+                        brake.finished(kind(outcome), Call::Probe, now, now);
                     }
                     Op::EndProbe(..) => {}
                     Op::AbandonProbe => {

@@ -6,7 +6,8 @@
 use std::sync::Mutex;
 
 use retry_core::{
-    brake::Brake, brake::BrakeChange, brake::BrakeConfig, brake::Permit, Decision, HandlerError, Stage, Timestamp,
+    brake::{Brake, BrakeChange, BrakeConfig, Call, Permit},
+    Decision, HandlerError, Stage, Timestamp,
 };
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -26,13 +27,6 @@ pub(crate) struct SharedBrake {
     topic: String,
 }
 
-/// How a record may run: as usual, or as the one probe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Run {
-    Usual,
-    Probe,
-}
-
 /// What [`SharedBrake::admit`] allows.
 #[derive(Debug)]
 pub(crate) enum Admitted<'a> {
@@ -50,14 +44,14 @@ pub(crate) enum Admitted<'a> {
 #[derive(Debug)]
 pub(crate) struct Ticket<'a> {
     brake: &'a SharedBrake,
-    run: Run,
+    run: Call,
     started: Timestamp,
     reported: bool,
 }
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        if !self.reported && self.run == Run::Probe {
+        if !self.reported && self.run == Call::Probe {
             self.brake.abandoned();
         }
     }
@@ -91,7 +85,7 @@ impl SharedBrake {
     /// never read without a brake).
     pub(crate) fn unbraked(&self) -> Admitted<'_> {
         debug_assert!(!self.is_on());
-        Admitted::Run(Ticket { brake: self, run: Run::Usual, started: Timestamp::from_millis(0), reported: false })
+        Admitted::Run(Ticket { brake: self, run: Call::Usual, started: Timestamp::from_millis(0), reported: false })
     }
 
     /// Waits until a record may run; `None` when `stop` came first. A held
@@ -115,11 +109,11 @@ impl SharedBrake {
             };
             let mut wait = match permit {
                 // The common case: no gauge to update, the state did not change.
-                Permit::Run => return Some(ticket(Run::Usual)),
+                Permit::Run => return Some(ticket(Call::Usual)),
                 Permit::Probe => {
                     self.metrics.brake_state(&self.topic, state);
                     tracing::info!(topic = %self.topic, "the brake lets one record through to probe the downstream");
-                    return Some(ticket(Run::Probe));
+                    return Some(ticket(Call::Probe));
                 }
                 Permit::WaitUntil(until) => now().until(until),
                 // Woken when the probe ends; the pause is a safety net.
@@ -144,15 +138,15 @@ impl SharedBrake {
         ticket.reported = true;
         let run = ticket.run;
         let Some(brake) = &self.brake else { return };
-        if run == Run::Usual && stage != Stage::SOURCE {
+        if run == Call::Usual && stage != Stage::SOURCE {
             return;
         }
         let failure = outcome.as_ref().err().map(|e| e.kind());
         let (change, state) = {
             let mut brake = Self::lock(brake);
-            (brake.finished(failure, run == Run::Probe, ticket.started, now()), brake.state())
+            (brake.finished(failure, run, ticket.started, now()), brake.state())
         };
-        if change.is_some() || run == Run::Probe {
+        if change.is_some() || run == Call::Probe {
             self.metrics.brake_state(&self.topic, state);
         }
         match change {
@@ -169,7 +163,7 @@ impl SharedBrake {
                 tracing::info!(topic = %self.topic, "the brake released: probes succeeded, records run again");
             }
         }
-        if run == Run::Probe || change.is_some() {
+        if run == Call::Probe || change.is_some() {
             self.changed.notify_waiters();
         }
     }

@@ -76,7 +76,9 @@ impl Listener {
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let mut members = 0;
-        for (stage, topic, group_id) in shared.config.groups.consumed(shared.config.policy.topology()) {
+        for retry_core::groups::ConsumedTopic { stage, topic, group: group_id } in
+            shared.config.groups.consumed(shared.config.policy.topology())
+        {
             let (topic, group_id) = (topic.to_owned(), group_id.to_owned());
             let member = Member { shared: shared.clone(), stage, topic, group_id, shutdown: shutdown.clone() };
             tasks.spawn(member.run());
