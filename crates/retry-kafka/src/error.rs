@@ -188,6 +188,20 @@ impl Error {
         }
     }
 
+    /// Whether it may pass by itself, so the call is worth trying again:
+    /// no answer in time, a broken connection, the client library's
+    /// failures, and the broker errors Kafka deems retriable (a leader or
+    /// coordinator that moved or is loading, too few replicas in sync).
+    /// Refusals (authorization, sizes, configs) do not pass.
+    pub(crate) fn passes(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::Io { .. } | Error::Timeout { .. } | Error::Deadline { .. } => true,
+            Error::Client { .. } => true,
+            Error::Broker { error, .. } => error.is_retriable(),
+            _ => false,
+        }
+    }
+
     /// Whether the connection this came from must be dropped and re-made:
     /// transport failures, timeouts, and a coordinator that moved.
     pub(crate) fn needs_reconnect(&self) -> bool {
@@ -334,6 +348,38 @@ impl TlsFile {
             TlsFile::Ca => "ssl.ca.location",
             TlsFile::Certificate => "ssl.certificate.location",
             TlsFile::Key => "ssl.key.location",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_errors_pass_by_themselves_and_which_drop_the_connection() {
+        let broker = |error| Error::Broker { api: "Produce", context: None, error };
+        let io = || std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let timeout = Duration::from_secs(1);
+        // (error, passes, needs a new connection)
+        let table = [
+            (Error::Connect { addr: "b:9092".into(), source: io() }, true, true),
+            (Error::Io { addr: "b:9092".into(), api: "Fetch", source: io() }, true, true),
+            (Error::Timeout { addr: "b:9092".into(), api: "Fetch", timeout }, true, true),
+            (Error::Deadline { what: "listing topics".into(), timeout }, true, false),
+            (broker(BrokerError::NOT_COORDINATOR), true, true),
+            (broker(BrokerError::COORDINATOR_LOAD_IN_PROGRESS), true, true),
+            (broker(BrokerError::NOT_ENOUGH_REPLICAS), true, false),
+            (broker(BrokerError::NOT_LEADER_OR_FOLLOWER), true, false),
+            (broker(BrokerError::TOPIC_AUTHORIZATION_FAILED), false, false),
+            (broker(BrokerError::MESSAGE_TOO_LARGE), false, false),
+            (broker(BrokerError::REBALANCE_IN_PROGRESS), false, false),
+            (Error::Tls { addr: "b:9093".into(), reason: "untrusted".into() }, false, true),
+            (Error::setting("KAFKA_BROKERS", "none given"), false, false),
+            (Error::MissingTopic { topic: "t".into(), remedy: "create it" }, false, false),
+        ];
+        for (error, passes, reconnect) in table {
+            assert_eq!((error.passes(), error.needs_reconnect()), (passes, reconnect), "{error}");
         }
     }
 }

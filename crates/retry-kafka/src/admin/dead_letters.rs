@@ -286,11 +286,33 @@ const PATIENCE_TRIES: usize = 6;
 const PATIENCE_FIRST: std::time::Duration = std::time::Duration::from_millis(200);
 const PATIENCE_LONGEST: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Whether an error may pass by itself: no answer in time, a broken
-/// connection, a coordinator or leader that moved.
-fn is_passing(e: &Error) -> bool {
-    matches!(e, Error::Deadline { .. } | Error::Timeout { .. } | Error::Io { .. } | Error::Connect { .. })
-        || e.needs_reconnect()
+/// How a replay step (reading a page, publishing it, committing it) is
+/// tried again: up to [`PATIENCE_TRIES`] times, with backoff, while its
+/// error may pass by itself ([`Error::passes`]). The one retry shell of a
+/// replay.
+struct Patience {
+    what: &'static str,
+    partition: Option<i32>,
+    tries: usize,
+    pauses: crate::backoff::Pauses,
+}
+
+impl Patience {
+    fn new(what: &'static str, partition: Option<i32>) -> Patience {
+        Patience { what, partition, tries: 1, pauses: crate::backoff::pauses(PATIENCE_FIRST, PATIENCE_LONGEST) }
+    }
+
+    /// After a try failed with `e`: pauses and answers true when the step
+    /// is to be tried again, false when it gives up with `e`.
+    async fn again(&mut self, e: &Error) -> bool {
+        if self.tries >= PATIENCE_TRIES || !e.passes() {
+            return false;
+        }
+        self.tries += 1;
+        tracing::warn!(partition = ?self.partition, error = %e, "replay: {} failed, trying again", self.what);
+        tokio::time::sleep(self.pauses.next()).await;
+        true
+    }
 }
 
 /// The largest page a replay grows to when the broker answers a smaller one
@@ -328,26 +350,6 @@ impl DeadLetterAdmin {
             instance: instance_name(),
             page_bytes: FETCH_BYTES,
             keeps_metadata: tokio::sync::OnceCell::new(),
-        }
-    }
-
-    /// `attempt`, tried again after passing errors (see [`is_passing`]).
-    async fn patiently<T, F, Fut>(&self, mut attempt: F) -> Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        let mut pauses = crate::backoff::pauses(PATIENCE_FIRST, PATIENCE_LONGEST);
-        let mut tries = 1;
-        loop {
-            match attempt().await {
-                Err(e) if tries < PATIENCE_TRIES && is_passing(&e) => {
-                    tracing::warn!(error = %e, "replay: trying again");
-                    tries += 1;
-                    tokio::time::sleep(pauses.next()).await;
-                }
-                outcome => return outcome,
-            }
         }
     }
 
@@ -732,7 +734,13 @@ impl DeadLetterAdmin {
                 break;
             };
             let records = loop {
-                let records = self.patiently(|| self.fetch(p.partition, from, page_bytes)).await?;
+                let mut patience = Patience::new("reading a page", Some(p.partition));
+                let records = loop {
+                    match self.fetch(p.partition, from, page_bytes).await {
+                        Err(e) if patience.again(&e).await => continue,
+                        outcome => break outcome,
+                    }
+                }?;
                 // Kafka answers at least one batch however small the page;
                 // brokers that answer nothing get a larger page, kept from then on.
                 if records.iter().any(|r| r.offset >= from) || page_bytes >= MAX_PAGE_BYTES {
@@ -803,23 +811,13 @@ impl DeadLetterAdmin {
             // done. What a failed try published is removed from the outbox.
             // Nothing of a failed page is committed: none of it counts.
             let outbox_len = outbox.len();
-            let mut tries = crate::backoff::pauses(PATIENCE_FIRST, PATIENCE_LONGEST);
-            let mut published = self.publish_page(&mut outbox).await;
-            for _ in 1..PATIENCE_TRIES {
-                match &published {
-                    Err(e)
-                        if !matches!(
-                            crate::publisher::PublishFailure::of_error(e),
-                            crate::publisher::PublishFailure::Refused | crate::publisher::PublishFailure::TooLarge
-                        ) =>
-                    {
-                        tracing::warn!(partition = p.partition, error = %e, "replay: publishing a page failed, trying again");
-                        tokio::time::sleep(tries.next()).await;
-                        published = self.publish_page(&mut outbox).await;
-                    }
-                    _ => break,
+            let mut patience = Patience::new("publishing a page", Some(p.partition));
+            let published = loop {
+                match self.publish_page(&mut outbox).await {
+                    Err(e) if patience.again(&e).await => continue,
+                    outcome => break outcome,
                 }
-            }
+            };
             if let Err(e) = published {
                 // What the broker did take of it may reach the target again
                 // on a repeat.
@@ -829,18 +827,13 @@ impl DeadLetterAdmin {
                 return Err(e);
             }
             let mut operators = self.operators.lock().await;
-            let mut tries = crate::backoff::pauses(PATIENCE_FIRST, PATIENCE_LONGEST);
-            let mut committed = self.commit_position(&mut operators, p.partition, p.earliest, &page).await;
-            for _ in 1..PATIENCE_TRIES {
-                match &committed {
-                    Err(e) if is_passing(e) => {
-                        tracing::warn!(partition = p.partition, error = %e, "replay: committing a page failed, trying again");
-                        tokio::time::sleep(tries.next()).await;
-                        committed = self.commit_position(&mut operators, p.partition, p.earliest, &page).await;
-                    }
-                    _ => break,
+            let mut patience = Patience::new("committing a page", Some(p.partition));
+            let committed = loop {
+                match self.commit_position(&mut operators, p.partition, p.earliest, &page).await {
+                    Err(e) if patience.again(&e).await => continue,
+                    outcome => break outcome,
                 }
-            }
+            };
             position = committed?;
             report.partitions[at].position = position.next();
             drop(operators);

@@ -105,6 +105,118 @@ impl AfterFetch {
     }
 }
 
+/// A pause before the next fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pause {
+    /// Fetch again at once.
+    None,
+    /// The next pause of the failure backoff.
+    Backoff,
+    /// The next pause of the idle backoff: a broker that answers an empty
+    /// fetch at once, ignoring its maximum wait, must not make an idle
+    /// partition spin.
+    Idle,
+}
+
+/// Whether the partition is stalled on a batch larger than any fetch may
+/// bring, even at the decompression cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Oversized {
+    /// Not stalled.
+    No,
+    /// Stalled from this fetch on: say so, loudly, once.
+    Begins,
+    /// Still stalled.
+    Still,
+}
+
+/// What a worker does between two fetches: the step after this one, how
+/// long to pause, which backoffs start over, and how much the next fetch
+/// may bring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Step {
+    pub(crate) after: AfterFetch,
+    pub(crate) pause: Pause,
+    /// The failure backoff starts over (something worked).
+    pub(crate) reset_backoff: bool,
+    /// The idle backoff starts over (records came).
+    pub(crate) reset_idle: bool,
+    /// The size limit of the next fetch.
+    pub(crate) max_bytes: i32,
+    pub(crate) oversized: Oversized,
+}
+
+/// The fetch loop's own state, kept across fetches; each fetch's outcome
+/// gives the next [`Step`] (pure: the worker only carries steps out).
+#[derive(Debug, Clone)]
+pub(crate) struct FetchLoop {
+    /// How much one fetch brings as a rule.
+    usual_max: i32,
+    /// The most a fetch may ask for: the decompression cap.
+    cap: i32,
+    max_bytes: i32,
+    oversized: bool,
+}
+
+impl FetchLoop {
+    /// A loop whose fetches bring `usual_max` bytes, and up to `cap` for a
+    /// batch larger than that.
+    pub(crate) fn new(usual_max: i32, cap: usize) -> FetchLoop {
+        let cap = i32::try_from(cap).unwrap_or(i32::MAX).max(usual_max);
+        FetchLoop { usual_max, cap, max_bytes: usual_max, oversized: false }
+    }
+
+    /// The size limit of the next fetch.
+    pub(crate) fn max_bytes(&self) -> i32 {
+        self.max_bytes
+    }
+
+    /// The step after a fetch at `position` came back with `outcome`;
+    /// `early` when it came back before half its maximum wait.
+    pub(crate) fn step(&mut self, position: i64, outcome: FetchOutcome, early: bool) -> Step {
+        let after = AfterFetch::of(position, outcome);
+        let mut step = Step {
+            after,
+            pause: Pause::None,
+            reset_backoff: false,
+            reset_idle: false,
+            max_bytes: self.max_bytes,
+            oversized: if self.oversized { Oversized::Still } else { Oversized::No },
+        };
+        match after {
+            AfterFetch::Process => {
+                self.max_bytes = self.usual_max;
+                self.oversized = false;
+                step.reset_backoff = true;
+                step.reset_idle = true;
+                step.oversized = Oversized::No;
+            }
+            AfterFetch::Wait => {
+                self.oversized = false;
+                step.reset_backoff = true;
+                step.oversized = Oversized::No;
+                if early {
+                    step.pause = Pause::Idle;
+                }
+            }
+            AfterFetch::Grow if self.max_bytes < self.cap => {
+                self.max_bytes = self.max_bytes.saturating_mul(2).min(self.cap);
+            }
+            AfterFetch::Grow => {
+                if !self.oversized {
+                    self.oversized = true;
+                    step.oversized = Oversized::Begins;
+                }
+                step.pause = Pause::Backoff;
+            }
+            AfterFetch::CheckPosition(_) | AfterFetch::Retry => step.pause = Pause::Backoff,
+            AfterFetch::Reconnect => {}
+        }
+        step.max_bytes = self.max_bytes;
+        step
+    }
+}
+
 /// The verdict on a doubted position, given the log's range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -269,5 +381,55 @@ mod tests {
         assert_eq!(start_policy(OffsetReset::Earliest, false), OffsetReset::Earliest);
         assert_eq!(start_policy(OffsetReset::Latest, true), OffsetReset::Earliest);
         assert_eq!(start_policy(OffsetReset::Earliest, true), OffsetReset::Earliest);
+    }
+
+    #[test]
+    fn the_fetch_loop_between_fetches() {
+        use AfterFetch::*;
+        let read = |items, next_offset, end, cut| FetchOutcome::Read { items, next_offset, end, cut };
+        // (outcome, early) -> (step, pause, resets, next max_bytes, oversized), in sequence.
+        let mut fetches = FetchLoop::new(1_000, 4_500);
+        type Row = (FetchOutcome, bool, AfterFetch, Pause, (bool, bool), i32, Oversized);
+        let table: &[Row] = &[
+            (read(3, Some(13), 20, false), false, Process, Pause::None, (true, true), 1_000, Oversized::No),
+            // Caught up: an early empty answer pauses; one that waited does not.
+            (read(0, None, 10, false), true, Wait, Pause::Idle, (true, false), 1_000, Oversized::No),
+            (read(0, None, 10, false), false, Wait, Pause::None, (true, false), 1_000, Oversized::No),
+            // A batch too large: more room at once, up to the cap...
+            (read(0, None, 20, true), false, Grow, Pause::None, (false, false), 2_000, Oversized::No),
+            (read(0, None, 20, true), false, Grow, Pause::None, (false, false), 4_000, Oversized::No),
+            (read(0, None, 20, true), false, Grow, Pause::None, (false, false), 4_500, Oversized::No),
+            // ...then a loud stall, said once, with backoff.
+            (read(0, None, 20, true), false, Grow, Pause::Backoff, (false, false), 4_500, Oversized::Begins),
+            (read(0, None, 20, true), false, Grow, Pause::Backoff, (false, false), 4_500, Oversized::Still),
+            (FetchOutcome::Failed, false, Retry, Pause::Backoff, (false, false), 4_500, Oversized::Still),
+            (FetchOutcome::NoAnswer, false, Reconnect, Pause::None, (false, false), 4_500, Oversized::Still),
+            // The batch came whole at last: back to the usual size.
+            (read(1, Some(11), 20, false), false, Process, Pause::None, (true, true), 1_000, Oversized::No),
+            (
+                FetchOutcome::OutOfRange,
+                false,
+                CheckPosition(Doubt::OutOfRange),
+                Pause::Backoff,
+                (false, false),
+                1_000,
+                Oversized::No,
+            ),
+        ];
+        for (i, (outcome, early, after, pause, (reset_backoff, reset_idle), max_bytes, oversized)) in
+            table.iter().enumerate()
+        {
+            let step = fetches.step(10, *outcome, *early);
+            let expected = Step {
+                after: *after,
+                pause: *pause,
+                reset_backoff: *reset_backoff,
+                reset_idle: *reset_idle,
+                max_bytes: *max_bytes,
+                oversized: *oversized,
+            };
+            assert_eq!(step, expected, "fetch {i}: {outcome:?}");
+            assert_eq!(fetches.max_bytes(), *max_bytes);
+        }
     }
 }

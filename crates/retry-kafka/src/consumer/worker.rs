@@ -20,7 +20,7 @@ use crate::{
     consumer::commit::CommitTracker,
     consumer::config::OffsetReset,
     consumer::fetched::{Fetched, Waiting},
-    consumer::position::{self, AfterFetch, Doubt, FetchOutcome, Verdict},
+    consumer::position::{self, AfterFetch, Doubt, FetchLoop, FetchOutcome, Oversized, Pause, Verdict},
     consumer::shared::{Impaired, Shared},
     metrics::{Outcome, TopicMetrics},
     protocol::{
@@ -238,9 +238,10 @@ impl<H: RecordHandler> Worker<H> {
         let max_inflated = config.max_batch_inflated_bytes();
         let mut reader =
             PartitionReader::new(&config.connection, &topic, partition, config.isolation_level, max_inflated);
-        let mut max_bytes = self.max_fetch_bytes();
+        // What happens between fetches is decided by `fetches`, purely.
+        let mut fetches = FetchLoop::new(self.max_fetch_bytes(), max_inflated);
         // Set while a batch larger than any fetch may bring holds the partition.
-        let mut oversized: Option<Stall> = None;
+        let mut _oversized: Option<Stall> = None;
         // Brokers that answer an empty fetch at once, ignoring its max wait,
         // must not make an idle partition spin: wait longer after each.
         let fetch_max_wait = config.fetch_max_wait.max(Duration::from_millis(10));
@@ -248,7 +249,7 @@ impl<H: RecordHandler> Worker<H> {
         loop {
             let fetched_at = tokio::time::Instant::now();
             // Records in handling finish while the fetch waits.
-            let fetch = self.unless_stopped(reader.fetch(offset, max_bytes, config.fetch_max_wait));
+            let fetch = self.unless_stopped(reader.fetch(offset, fetches.max_bytes(), config.fetch_max_wait));
             let Some(Some(result)) = self.drive(in_flight, fetch).await else { return };
             let outcome = match &result {
                 Ok(f) => FetchOutcome::Read {
@@ -261,7 +262,24 @@ impl<H: RecordHandler> Worker<H> {
                 Err(FetchError::NoAnswer(_)) => FetchOutcome::NoAnswer,
                 Err(FetchError::Failed(_)) => FetchOutcome::Failed,
             };
-            match (AfterFetch::of(offset, outcome), result) {
+            let early = fetched_at.elapsed() < config.fetch_max_wait / 2;
+            let step = fetches.step(offset, outcome, early);
+            if step.reset_backoff {
+                backoff.reset();
+            }
+            if step.reset_idle {
+                idle.reset();
+            }
+            match step.oversized {
+                Oversized::No => _oversized = None,
+                Oversized::Begins => {
+                    let max_bytes = step.max_bytes;
+                    tracing::error!(%topic, partition, offset, max_bytes, "the partition is stalled: the broker answers this offset with part of a batch, or nothing, even at the decompression cap (raise the listener's max_batch_inflated, or, with the service stopped, move the group past this offset: `billing-bin offsets skip`)");
+                    _oversized = Some(Stall::new(&self.shared, &self.tp));
+                }
+                Oversized::Still => {}
+            }
+            match (step.after, result) {
                 (AfterFetch::Reconnect, _) => {
                     // The reader dropped the connection; the next fetch makes a new one.
                     self.shared.metrics.count(|s| &s.fetch_failures);
@@ -285,40 +303,14 @@ impl<H: RecordHandler> Worker<H> {
                         Some(_) => {}
                         None => return,
                     }
-                    if self.pause(backoff.next()).await {
-                        return;
-                    }
                 }
-                (AfterFetch::Wait, _) => {
-                    backoff.reset();
-                    oversized = None;
-                    if fetched_at.elapsed() < config.fetch_max_wait / 2
-                        && self.drive(in_flight, self.pause(idle.next())).await != Some(false)
-                    {
-                        return;
-                    }
+                (AfterFetch::Wait, _) => {}
+                (AfterFetch::Grow, _) if step.oversized == Oversized::No => {
+                    let max_bytes = step.max_bytes;
+                    tracing::info!(%topic, partition, offset, max_bytes, "the batch at the position is larger than a fetch brought; fetching with more room");
                 }
-                (AfterFetch::Grow, _) => {
-                    let limit = i32::try_from(max_inflated).unwrap_or(i32::MAX);
-                    if max_bytes < limit {
-                        max_bytes = max_bytes.saturating_mul(2).min(limit);
-                        tracing::info!(%topic, partition, offset, max_bytes, "the batch at the position is larger than a fetch brought; fetching with more room");
-                        continue;
-                    }
-                    self.shared.metrics.count(|s| &s.fetch_failures);
-                    if oversized.is_none() {
-                        tracing::error!(%topic, partition, offset, max_bytes, "the partition is stalled: the broker answers this offset with part of a batch, or nothing, even at the decompression cap (raise the listener's max_batch_inflated, or, with the service stopped, move the group past this offset: `billing-bin offsets skip`)");
-                        oversized = Some(Stall::new(&self.shared, &self.tp));
-                    }
-                    if self.pause(backoff.next()).await {
-                        return;
-                    }
-                }
+                (AfterFetch::Grow, _) => self.shared.metrics.count(|s| &s.fetch_failures),
                 (AfterFetch::Process, Ok(fetched)) => {
-                    backoff.reset();
-                    idle.reset();
-                    oversized = None;
-                    max_bytes = self.max_fetch_bytes();
                     let Readable { items, next_offset, aborted } = fetched.readable;
                     if aborted > 0 {
                         self.shared.metrics.add(|s| &s.aborted_records_skipped, aborted as u64);
@@ -341,10 +333,16 @@ impl<H: RecordHandler> Worker<H> {
                     self.shared.metrics.count(|s| &s.fetch_failures);
                     let error = other.err().map(|e| e.to_string()).unwrap_or_default();
                     tracing::warn!(%topic, partition, offset, %error, "fetch failed; retrying");
-                    if self.pause(backoff.next()).await {
-                        return;
-                    }
                 }
+            }
+            let pause = match step.pause {
+                Pause::None => continue,
+                Pause::Backoff => backoff.next(),
+                Pause::Idle => idle.next(),
+            };
+            // Records in handling finish while the partition pauses.
+            if self.drive(in_flight, self.pause(pause)).await != Some(false) {
+                return;
             }
         }
     }
