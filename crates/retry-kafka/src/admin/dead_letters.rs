@@ -319,6 +319,95 @@ impl Patience {
 /// with nothing (a record larger than the page).
 const MAX_PAGE_BYTES: i32 = 64 << 20;
 
+/// What a replay does with one record of a page.
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    /// Nothing: outside the page or the selection, handled already, or
+    /// past the replay's limit.
+    Passed,
+    /// Not replayed, for this reason (the report lists it).
+    Skipped(String),
+    /// Replayed, with these headers of ours.
+    Replayed(retry_core::Headers),
+}
+
+/// How one page of a partition's replay is judged: everything but the
+/// records (pure; the replay reads, publishes and commits around it).
+struct PagePlan<'a> {
+    /// The first offset the page reads.
+    from: i64,
+    /// The end offset captured when the replay started.
+    end: i64,
+    /// Records replayed before this page (the selection's limit counts them).
+    replayed_before: usize,
+    selection: &'a retry_core::operators::ReplaySelection,
+    policy: &'a RetryPolicy,
+    target: retry_core::replay::ReplayTarget,
+    guards: retry_core::replay::ReplayGuards,
+    now: Timestamp,
+    /// Whether the broker keeps commit metadata, where records handled out
+    /// of order are recorded.
+    keeps_metadata: bool,
+}
+
+/// A page judged: a verdict per record, the operators' position with the
+/// replayed records handled, and where the next page starts.
+struct PlannedPage {
+    verdicts: Vec<Verdict>,
+    page: OperatorsPosition,
+    /// The offset after the last record read (`from` when none was).
+    read_to: i64,
+    /// Whether a record is replayed out of order (its metadata must be kept).
+    out_of_order: bool,
+}
+
+impl PagePlan<'_> {
+    fn plan(&self, records: &[Read], mut page: OperatorsPosition) -> PlannedPage {
+        let mut verdicts = Vec::with_capacity(records.len());
+        let (mut read_to, mut replayed, mut out_of_order, mut done) = (self.from, self.replayed_before, false, false);
+        for r in records {
+            let verdict = if done || r.offset < self.from || r.offset >= self.end {
+                Verdict::Passed
+            } else if self.selection.limit_reached(replayed) {
+                done = true;
+                Verdict::Passed
+            } else {
+                read_to = r.offset + 1;
+                self.judge(r, &mut page, &mut out_of_order)
+            };
+            if matches!(verdict, Verdict::Replayed(_)) {
+                replayed += 1;
+            }
+            verdicts.push(verdict);
+        }
+        PlannedPage { verdicts, page, read_to, out_of_order }
+    }
+
+    /// The verdict on one record read within the page.
+    fn judge(&self, r: &Read, page: &mut OperatorsPosition, out_of_order: &mut bool) -> Verdict {
+        if page.is_handled(r.offset) || !self.selection.selects(r.offset, r.key.as_deref()) {
+            return Verdict::Passed;
+        }
+        if let Some(problem) = &r.undecodable {
+            return Verdict::Skipped(format!("cannot be replayed: {problem}"));
+        }
+        let headers = match self.policy.replay_headers(&r.headers, self.target, self.now, self.guards) {
+            Ok(headers) => headers,
+            Err(refused) => return Verdict::Skipped(refused.to_string()),
+        };
+        if r.offset != page.next() {
+            *out_of_order = true;
+            if !self.keeps_metadata {
+                return Verdict::Skipped(NO_METADATA.to_owned());
+            }
+        }
+        match page.handle(r.offset) {
+            Ok(()) => Verdict::Replayed(headers),
+            Err(full) => Verdict::Skipped(full.to_string()),
+        }
+    }
+}
+
 impl DeadLetterAdmin {
     /// Connects to the cluster for `policy`'s dead-letter topic, with the
     /// operators' and replay-lock groups of `groups`.
@@ -749,55 +838,47 @@ impl DeadLetterAdmin {
                 page_bytes = page_bytes.saturating_mul(2).min(MAX_PAGE_BYTES);
             };
             let now = Timestamp::from(std::time::SystemTime::now());
-            let mut page = position.clone();
+            let page_of = |keeps_metadata| PagePlan {
+                from,
+                end: p.end,
+                replayed_before: report.replayed,
+                selection,
+                policy: &self.policy,
+                target: request.target,
+                guards: request.guards,
+                now,
+                keeps_metadata,
+            };
+            // Records out of order are recorded in the commit's metadata:
+            // asked of the broker only when a page has some.
+            let mut planned = page_of(true).plan(&records, position.clone());
+            if planned.out_of_order
+                && !self.keeps_metadata(&mut *self.operators.lock().await, p.partition, p.earliest).await?
+            {
+                planned = page_of(false).plan(&records, position.clone());
+            }
+            let PlannedPage { page, read_to, verdicts, .. } = planned;
             let mut outbox = Vec::new();
-            let mut read_to = from;
-            for r in records {
-                if r.offset < from || r.offset >= p.end {
-                    continue;
-                }
-                if selection.limit_reached(report.replayed) {
-                    break;
-                }
-                read_to = r.offset + 1;
-                if page.is_handled(r.offset) || !selection.selects(r.offset, r.key.as_deref()) {
-                    continue;
-                }
-                if let Some(problem) = &r.undecodable {
-                    report.skip(p.partition, r.offset, format!("cannot be replayed: {problem}"));
-                    continue;
-                }
-                let headers = match self.policy.replay_headers(&r.headers, request.target, now, request.guards) {
-                    Ok(headers) => headers,
-                    Err(refused) => {
-                        report.skip(p.partition, r.offset, refused.to_string());
-                        continue;
+            for (r, verdict) in records.into_iter().zip(verdicts) {
+                match verdict {
+                    Verdict::Passed => {}
+                    Verdict::Skipped(reason) => report.skip(p.partition, r.offset, reason),
+                    Verdict::Replayed(headers) => {
+                        let source_partition =
+                            RetryHeaders::decode(&r.headers).map(|h| h.original_partition).unwrap_or(p.partition);
+                        outbox.push(Outgoing {
+                            topic: report.target.clone(),
+                            source_partition,
+                            key: r.key,
+                            value: r.value,
+                            headers: republished_headers(&r.raw_headers, &headers),
+                            timestamp: now,
+                            codec: Codec::Lz4,
+                        });
+                        report.replayed += 1;
+                        report.partitions[at].replayed += 1;
                     }
-                };
-                // Out of order: recorded in the commit's metadata, if the broker keeps it.
-                if r.offset != page.next()
-                    && !self.keeps_metadata(&mut *self.operators.lock().await, p.partition, p.earliest).await?
-                {
-                    report.skip(p.partition, r.offset, NO_METADATA.to_owned());
-                    continue;
                 }
-                if let Err(full) = page.handle(r.offset) {
-                    report.skip(p.partition, r.offset, full.to_string());
-                    continue;
-                }
-                let source_partition =
-                    RetryHeaders::decode(&r.headers).map(|h| h.original_partition).unwrap_or(p.partition);
-                outbox.push(Outgoing {
-                    topic: report.target.clone(),
-                    source_partition,
-                    key: r.key,
-                    value: r.value,
-                    headers: republished_headers(&r.raw_headers, &headers),
-                    timestamp: now,
-                    codec: Codec::Lz4,
-                });
-                report.replayed += 1;
-                report.partitions[at].replayed += 1;
             }
             if read_to == from {
                 break; // nothing more below the end (compacted or deleted offsets)
@@ -867,4 +948,88 @@ pub enum Acknowledgement {
     /// These records, wherever they are: those above the operators'
     /// position are recorded with it.
     Offsets(BTreeSet<i64>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(offset: i64, headers: &[(&str, &str)], undecodable: Option<&str>) -> Read {
+        Read {
+            partition: 0,
+            offset,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"v")),
+            timestamp: None,
+            headers: headers.iter().map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec())).collect(),
+            raw_headers: Vec::new(),
+            undecodable: undecodable.map(str::to_owned),
+        }
+    }
+
+    fn shown(verdicts: &[Verdict]) -> Vec<String> {
+        verdicts
+            .iter()
+            .map(|v| match v {
+                Verdict::Passed => "passed".to_owned(),
+                Verdict::Skipped(_) => "skipped".to_owned(),
+                Verdict::Replayed(_) => "replayed".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_page_is_judged_record_by_record() {
+        let topology = retry_core::RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap();
+        let policy = RetryPolicy::new(topology, Default::default());
+        let records = [
+            read(4, &[], None),                        // below the page
+            read(5, &[], None),                        // replayed
+            read(6, &[], Some("checksum mismatch")),   // cannot be read
+            read(7, &[("x-replay-count", "3")], None), // the loop guard
+            read(8, &[], None),                        // handled before
+            read(9, &[], None),                        // out of order
+            read(10, &[], None),                       // at the captured end
+        ];
+        let mut position = OperatorsPosition::new(Some(5), None, 0);
+        position.handle(8).unwrap();
+        let selection = ReplaySelection::default();
+        let plan = |keeps_metadata, selection: &ReplaySelection| {
+            PagePlan {
+                from: 5,
+                end: 10,
+                replayed_before: 0,
+                selection,
+                policy: &policy,
+                target: ReplayTarget::Source,
+                guards: ReplayGuards { max_replays: Some(3), max_age: None },
+                now: Timestamp::from_millis(1_000),
+                keeps_metadata,
+            }
+            .plan(&records, position.clone())
+        };
+        let kept = plan(true, &selection);
+        assert_eq!(
+            shown(&kept.verdicts),
+            ["passed", "replayed", "skipped", "skipped", "passed", "replayed", "passed"],
+            "where the broker keeps commit metadata"
+        );
+        assert!(matches!(&kept.verdicts[2], Verdict::Skipped(r) if r == "cannot be replayed: checksum mismatch"));
+        assert!(matches!(&kept.verdicts[3], Verdict::Skipped(r) if r.contains("replayed 3 times already")));
+        assert!(kept.out_of_order);
+        assert_eq!(kept.read_to, 10);
+        assert!(kept.page.is_handled(5) && kept.page.is_handled(9) && !kept.page.is_handled(6));
+        let dropped = plan(false, &selection);
+        assert_eq!(
+            shown(&dropped.verdicts),
+            ["passed", "replayed", "skipped", "skipped", "passed", "skipped", "passed"],
+            "where it drops it, 9 (out of order) is refused with the reason"
+        );
+        assert!(matches!(&dropped.verdicts[5], Verdict::Skipped(reason) if reason == NO_METADATA));
+        // A limit of one: the page stops reading after the first replayed record.
+        let one = ReplaySelection { limit: Some(1), ..Default::default() };
+        let limited = plan(true, &one);
+        assert_eq!(shown(&limited.verdicts), ["passed", "replayed", "passed", "passed", "passed", "passed", "passed"]);
+        assert_eq!(limited.read_to, 6);
+    }
 }

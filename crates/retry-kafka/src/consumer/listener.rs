@@ -88,9 +88,12 @@ impl Listener {
             let shared = shared.clone();
             Readiness(Arc::new(move || {
                 use std::sync::atomic::Ordering::Relaxed;
-                shared.members_joined.load(Relaxed) >= members
-                    && shared.stalled.load(Relaxed) == 0
-                    && shared.impaired.load(Relaxed) == 0
+                ready(
+                    members,
+                    shared.members_joined.load(Relaxed),
+                    shared.stalled.load(Relaxed),
+                    shared.impaired.load(Relaxed),
+                )
             }))
         };
         let monitor = BacklogMonitor {
@@ -145,5 +148,33 @@ impl Listener {
     pub fn abort(mut self) {
         self.tasks.abort_all();
         self.tasks.detach_all();
+    }
+}
+
+/// Whether a listener of `members` group members is ready: each received
+/// its first assignment, no partition is stalled, nothing impairs it (a
+/// detached call, a member rejoining or fenced).
+fn ready(members: usize, joined: usize, stalled: usize, impaired: usize) -> bool {
+    joined >= members && stalled == 0 && impaired == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness() {
+        // (members, joined, stalled, impaired) -> ready
+        let table = [
+            ((4, 4, 0, 0), true),
+            ((4, 3, 0, 0), false),
+            ((4, 5, 0, 0), true), // a member that rejoined counts again
+            ((4, 4, 1, 0), false),
+            ((4, 4, 0, 1), false),
+            ((1, 0, 0, 0), false),
+        ];
+        for ((members, joined, stalled, impaired), expected) in table {
+            assert_eq!(ready(members, joined, stalled, impaired), expected, "{members} {joined} {stalled} {impaired}");
+        }
     }
 }

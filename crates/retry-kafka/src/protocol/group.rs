@@ -530,3 +530,20 @@ impl GroupClient {
 fn millis(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_go_to_the_wire_in_milliseconds_capped() {
+        for (d, ms) in [
+            (Duration::ZERO, 0),
+            (Duration::from_millis(1500), 1500),
+            (Duration::from_secs(3600), 3_600_000),
+            (Duration::from_secs(u64::MAX), i32::MAX),
+        ] {
+            assert_eq!(millis(d), ms, "{d:?}");
+        }
+    }
+}
