@@ -1618,13 +1618,18 @@ async fn an_engaged_brake_is_taken_up_by_the_next_owner_of_what_it_held() {
         ("BILLING_BRAKE_PROBE_PAUSE_MAX", "1s"),
     ];
     provider.set_down(true);
-    let first = setup.start_with(&provider, &env).await;
+    // Every order is there before the service starts, so their first calls
+    // fail together and engage the brake before any retry is due (produced
+    // one by one through a secured connection, the first retry could come
+    // due before the brake had seen enough failures, and be dead-lettered
+    // as the brake's rules say).
     let mut orders = Vec::new();
     for i in 0..10 {
         let (order, json) = event(&format!(r#""{}.00""#, 10 + i));
         produce(&setup.topic, i % setup.partitions, &order.to_string(), &json, &[]).await;
         orders.push(order.to_string());
     }
+    let first = setup.start_with(&provider, &env).await;
     eventually("records held back by the brake", SETTLE, || async {
         first.log().contains("retries exhausted while the brake is engaged").then_some(())
     })
