@@ -595,8 +595,21 @@ fn format_storage(libs: &Path, cluster: &Cluster, spec: ClusterSpec) -> anyhow::
     Ok(())
 }
 
-/// A KRaft cluster id: sixteen random bytes, base64url without padding.
+/// A KRaft cluster id: sixteen random bytes, base64url without padding,
+/// never starting with `-` (as Kafka's own `Uuid.randomUuid` makes them:
+/// one that did would read as an option to `kafka-storage format`, one run
+/// in 64).
 fn new_cluster_id() -> anyhow::Result<String> {
+    loop {
+        let id = random_base64url_id()?;
+        if !id.starts_with('-') {
+            return Ok(id);
+        }
+    }
+}
+
+/// Sixteen random bytes, base64url without padding.
+fn random_base64url_id() -> anyhow::Result<String> {
     let mut bytes = [0u8; 16];
     std::io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut bytes)?;
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -635,5 +648,8 @@ mod tests {
         assert_eq!(id.len(), 22, "{id}");
         assert!(id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'), "{id}");
         assert_ne!(id, new_cluster_id().unwrap());
+        // One in 64 random ids starts with a dash, which a command line
+        // would take for an option: never one of ours.
+        assert!((0..1_000).all(|_| !new_cluster_id().unwrap().starts_with('-')));
     }
 }
