@@ -56,18 +56,10 @@ pub(crate) fn book() -> anyhow::Result<()> {
 
 /// Every `.md` file under `dir`, sorted.
 fn markdown_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                files.push(path);
-            }
-        }
-    }
+    let mut files: Vec<PathBuf> = crate::paths::files_with_extension(&[dir.to_path_buf()], &[], "md")?
+        .into_iter()
+        .map(|(path, _)| path)
+        .collect();
     files.sort();
     Ok(files)
 }

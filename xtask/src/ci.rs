@@ -837,22 +837,7 @@ fn tidy_ladder_names() -> anyhow::Result<()> {
 /// Every `.rs` file below `roots` with its text, except below `skip` and
 /// `target` folders.
 fn rust_files(roots: &[PathBuf], skip: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, String)>> {
-    let mut files = Vec::new();
-    let mut stack = roots.to_vec();
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
-            let path = entry?.path();
-            if path.is_dir() {
-                if !skip.contains(&path) && !path.ends_with("target") {
-                    stack.push(path);
-                }
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-                files.push((path, text));
-            }
-        }
-    }
-    Ok(files)
+    crate::paths::files_with_extension(roots, skip, "rs")
 }
 
 /// The cargo-deny release CI uses; its cache entry is keyed by it.

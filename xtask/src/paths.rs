@@ -126,3 +126,29 @@ pub(crate) fn wheel_binary_cached(package: &str, version: &str, script: &str) ->
         }
     }
 }
+
+/// Every file named `*.<extension>` below `roots` with its text, except
+/// below `skip` and `target` folders.
+pub(crate) fn files_with_extension(
+    roots: &[PathBuf],
+    skip: &[PathBuf],
+    extension: &str,
+) -> anyhow::Result<Vec<(PathBuf, String)>> {
+    use anyhow::Context;
+    let mut files = Vec::new();
+    let mut stack = roots.to_vec();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                if !skip.contains(&path) && !path.ends_with("target") {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == extension) {
+                let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+                files.push((path, text));
+            }
+        }
+    }
+    Ok(files)
+}

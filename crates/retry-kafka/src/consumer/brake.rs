@@ -80,20 +80,20 @@ impl SharedBrake {
         brake.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The ticket of a listener without a brake: every record runs, at
-    /// once (the caller awaits nothing, and no clock is read: the start is
-    /// never read without a brake).
-    pub(crate) fn unbraked(&self) -> Admitted<'_> {
-        debug_assert!(!self.is_on());
-        Admitted::Run(Ticket { brake: self, run: Call::Usual, started: Timestamp::from_millis(0), reported: false })
-    }
-
     /// Waits until a record may run; `None` when `stop` came first. A held
     /// record passes `held` and gets [`Admitted::HoldExpired`] once the
     /// brake may no longer hold it.
     pub(crate) async fn admit(&self, stop: &CancellationToken, held: bool) -> Option<Admitted<'_>> {
         let ticket = |run| Admitted::Run(Ticket { brake: self, run, started: now(), reported: false });
-        let Some(brake) = &self.brake else { return Some(self.unbraked()) };
+        // Without a brake, the start is never read: no clock read per record.
+        let Some(brake) = &self.brake else {
+            return Some(Admitted::Run(Ticket {
+                brake: self,
+                run: Call::Usual,
+                started: Timestamp::from_millis(0),
+                reported: false,
+            }));
+        };
         loop {
             // Registered before the state is read, so no wake-up is missed.
             let changed = self.changed.notified();

@@ -733,7 +733,7 @@ impl<H: RecordHandler> Worker<H> {
         if self.stage.rung().is_some() {
             let now = clock();
             let due = policy.due_at(self.stage, &meta, now);
-            if due > now && Box::pin(self.pause(now.until(due))).await {
+            if due > now && self.pause(now.until(due)).await {
                 return Processed::Left;
             }
         }
@@ -757,14 +757,7 @@ impl<H: RecordHandler> Worker<H> {
         // after it, instead of dead-lettering it: then it runs again later.
         let mut held = None;
         let (outcome, now, decision) = loop {
-            // Without a brake, nothing to wait for; with one, its wait is
-            // kept out of this (per record) future's size.
-            let admitted = if shared.brake.is_on() {
-                Box::pin(shared.brake.admit(&self.signals.stop, held.is_some())).await
-            } else {
-                Some(shared.brake.unbraked())
-            };
-            let ticket = match admitted {
+            let ticket = match shared.brake.admit(&self.signals.stop, held.is_some()).await {
                 None => return Processed::Left,
                 Some(Admitted::Run(ticket)) => ticket,
                 Some(Admitted::HoldExpired) => {
@@ -960,7 +953,7 @@ impl<H: RecordHandler> Worker<H> {
             // as ended even when its time ran out meanwhile.
             biased;
             _ = self.signals.abandon.cancelled() => {
-                Box::pin(self.abort(task)).await;
+                self.abort(task).await;
                 return None;
             }
             result = &mut task => Ok(result),
@@ -979,7 +972,7 @@ impl<H: RecordHandler> Worker<H> {
                 Err(HandlerError::permanent(format!("handler panicked: {message}")))
             }
             Err(_) => {
-                Box::pin(self.abort(task)).await;
+                self.abort(task).await;
                 self.shared.metrics.count(|s| &s.handler_timeouts);
                 Err(HandlerError::transient(format!("handler timed out after {timeout:?}")))
             }
