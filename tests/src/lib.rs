@@ -129,6 +129,9 @@ pub fn connections_to(remote_ports: &[u16]) -> Vec<(u16, u16)> {
         }
     }
     ports.sort_unstable();
+    // A table read while sockets come and go may list one twice (the
+    // kernel resumes each read where the last one ended, by position).
+    ports.dedup();
     ports
 }
 
