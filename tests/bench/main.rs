@@ -9,12 +9,14 @@
 //! - `fill-and-drain <topic> <partitions> <records> ...`: `raw`, then
 //!   `pipeline` with the same arguments (one broker per scenario);
 //! - `pipeline <topic> <partitions> <records> <failure-percent> [latency]
-//!   [max-in-flight]`: a listener drains the source topic with a handler
-//!   that takes `latency` (`0`, `50ms`, or a mix like `10-200ms`) and fails
-//!   transiently for the given share of records (on the source topic only),
-//!   `max-in-flight` records per partition at once (default 64; 1 is the
-//!   sequential consumer). Its rate is timed from the first handled record
-//!   (the group joins before it are reported apart, as `join_ms`).
+//!   [max-in-flight] [polled|spawned]`: a listener drains the source topic
+//!   with a handler that takes `latency` (`0`, `50ms`, or a mix like
+//!   `10-200ms`) and fails transiently for the given share of records (on
+//!   the source topic only), `max-in-flight` records per partition at once
+//!   (default 64; 1 is the sequential consumer), its calls polled by the
+//!   partition's worker (the default) or each in a task of its own. Its
+//!   rate is timed from the first handled record (the group joins before it
+//!   are reported apart, as `join_ms`).
 //!
 //! - `create <topic> <partitions> 0`: the ladder's topics, for a foreign
 //!   producer to fill;
@@ -35,7 +37,7 @@ use chrono::{TimeZone, Utc};
 use integration::{broker_addr, rskafka_client};
 use retry_core::{HandlerError, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
 use retry_kafka::{
-    ConnectionConfig, ConsumedRecord, GroupOffsets, Listener, ListenerConfig, RecordHandler, TopicPartition, TopicPlan,
+    ConnectionConfig, ConsumedRecord, GroupOffsets, HandlerCalls, Listener, ListenerConfig, RecordHandler, TopicPartition, TopicPlan,
 };
 use rskafka::{
     client::partition::{Compression, UnknownTopicHandling},
@@ -71,8 +73,13 @@ async fn main() {
         "pipeline" => {
             let latency = Latency::parse(args.get(5).map_or("0", String::as_str));
             let max_in_flight = args.get(6).map_or(64, |m| m.parse().expect("max in flight"));
-            pipeline(&topic, partitions, records, arg(4).parse().expect("failure percent"), latency, max_in_flight)
-                .await
+            let failure_percent = arg(4).parse().expect("failure percent");
+            let calls = match args.get(7).map(String::as_str) {
+                None | Some("polled") => HandlerCalls::Polled,
+                Some("spawned") => HandlerCalls::Spawned,
+                Some(other) => panic!("calls are polled or spawned, not {other}"),
+            };
+            pipeline_with(&topic, partitions, records, failure_percent, latency, max_in_flight, calls).await
         }
         "probe" => probe(&topic, partitions, records as i32).await,
         // The ladder's topics, for a foreign producer to fill.
@@ -235,12 +242,27 @@ async fn pipeline(
     latency: Latency,
     max_in_flight: usize,
 ) -> String {
+    pipeline_with(topic, partitions, records, failure_percent, latency, max_in_flight, HandlerCalls::Polled).await
+}
+
+/// [`pipeline`] with its calls run as `calls` says; a group of its own for
+/// each, so one topic can be drained both ways.
+async fn pipeline_with(
+    topic: &str,
+    partitions: i32,
+    records: usize,
+    failure_percent: u64,
+    latency: Latency,
+    max_in_flight: usize,
+    calls: HandlerCalls,
+) -> String {
     let connection = connection();
-    let group = format!("{topic}-bench-{failure_percent}");
+    let group = format!("{topic}-bench-{failure_percent}-{calls:?}").to_lowercase();
     let policy = RetryPolicy::new(topology(topic), PolicyConfig::default());
     let mut config = ListenerConfig::new(connection.clone(), &group, policy).expect("a valid group id");
     config.window =
         retry_core::window::WindowConfig::new(max_in_flight, retry_core::window::NullKeys::Ordered).expect("window");
+    config.handler_calls = calls;
     let handler = Arc::new(Bench {
         failure_percent,
         latency,

@@ -202,20 +202,21 @@ async fn a_slow_handler_times_out_as_a_transient_failure() {
     assert_eq!(header(&retried[0], "x-error"), "handler timed out after 300ms");
 }
 
-/// A handler call that blocks its thread ignores its timeout's
-/// cancellation: the partition does not wait for it (the record goes on to
-/// its retry after the timeout and a bounded wait for the call to end), the
-/// call runs on detached, counted, and the listener says it is not ready
-/// until the call ends.
+/// With calls in tasks of their own, a handler call that blocks its thread
+/// ignores its timeout's cancellation: the partition does not wait for it
+/// (the record goes on to its retry after the timeout and a bounded wait
+/// for the call to end), the call runs on detached, counted, and the
+/// listener says it is not ready until the call ends.
 // Two runtime threads: the blocked call takes one, as it would one of a
 // service's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handler_call_that_ignores_its_cancellation_is_detached_and_reported() {
+async fn a_spawned_handler_call_that_ignores_its_cancellation_is_detached_and_reported() {
     let ladder = Ladder::create("deaf", "100ms", 1).await;
     let blocked_for = Duration::from_secs(12);
     let handler = Scripted::new(&[("deaf", &[Step::Block(blocked_for)])]);
     let mut config = ladder.config();
     config.handler_timeout = Duration::from_millis(500);
+    config.handler_calls = retry_kafka::HandlerCalls::Spawned;
     let listener = crate::support::start_joined_with(config, handler.clone()).await;
     produce(ladder.source(), 0, "deaf", "v", &[]).await;
     // The timeout and the bounded wait for the call's end, then the retry:
@@ -233,6 +234,60 @@ async fn a_handler_call_that_ignores_its_cancellation_is_detached_and_reported()
     listener.shutdown().await;
     let retried = wait_for_records(ladder.retry(0), 1).await;
     assert_eq!(header(&retried[0], "x-error"), "handler timed out after 500ms");
+}
+
+/// A polled handler call (the default) that blocks its thread past its
+/// timeout holds its partition, since nothing can cancel it between two
+/// polls: its outcome counts (no retry of a call that succeeded), it is
+/// counted and logged, and the partition goes on behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_handler_call_that_blocks_its_thread_holds_its_partition_and_counts() {
+    let ladder = Ladder::create("blocking", "100ms", 1).await;
+    let handler = Scripted::new(&[("blocking", &[Step::Block(Duration::from_secs(2))])]);
+    let mut config = ladder.config();
+    config.handler_timeout = Duration::from_millis(500);
+    let listener = crate::support::start_joined_with(config, handler.clone()).await;
+    produce(ladder.source(), 0, "blocking", "v", &[]).await;
+    produce(ladder.source(), 0, "after", "v", &[]).await;
+    wait_committed(&ladder, &[Some(2)]).await;
+    assert_eq!(handler.attempts("blocking"), [1], "a call that succeeded was retried");
+    assert_eq!(handler.attempts("after"), [1]);
+    assert_eq!(handler.blocked_ended(), 1);
+    let stats = listener.stats().snapshot();
+    assert_eq!((stats.blocking_calls, stats.handler_timeouts, stats.retried), (1, 0, 0));
+    listener.shutdown().await;
+}
+
+/// A shutdown whose grace runs out while a polled handler call blocks its
+/// thread does not wait for the call: the partition's worker is detached
+/// after a bounded wait, counted, and ends when the call does, reporting
+/// nothing (the record is not committed: the next owner handles it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_detaches_a_worker_held_by_a_blocking_polled_call() {
+    let ladder = Ladder::create("held", "100ms", 1).await;
+    let blocked_for = Duration::from_secs(15);
+    let handler = Scripted::new(&[("held", &[Step::Block(blocked_for), Step::Succeed])]);
+    let mut config = ladder.config();
+    config.handler_timeout = Duration::from_millis(500);
+    config.shutdown_grace = Duration::from_millis(500);
+    let listener = crate::support::start_joined_with(config, handler.clone()).await;
+    produce(ladder.source(), 0, "held", "v", &[]).await;
+    eventually("the call", SETTLE, || async { (handler.attempts("held") == [1]).then_some(()) }).await;
+    let stats = listener.stats().clone();
+    let started = std::time::Instant::now();
+    listener.shutdown().await;
+    assert!(started.elapsed() < blocked_for, "the shutdown waited for the blocked call");
+    assert_eq!(handler.blocked_ended(), 0, "the shutdown waited for the blocked call");
+    assert_eq!(stats.snapshot().detached_calls, 1);
+    eventually("the blocked call to end", blocked_for + SETTLE, || async {
+        (handler.blocked_ended() == 1).then_some(())
+    })
+    .await;
+    // Given up, it reported nothing: the next owner handles the record again.
+    let listener = crate::support::start_joined_with(ladder.config(), handler.clone()).await;
+    wait_committed(&ladder, &[Some(1)]).await;
+    assert_eq!(handler.attempts("held"), [1, 1]);
+    listener.shutdown().await;
 }
 
 #[tokio::test]

@@ -86,7 +86,7 @@ impl Ladder {
         let mut c = ListenerConfig::new(self.connection.clone(), &self.group_id, self.policy.clone()).unwrap();
         c.session_timeout = Duration::from_secs(6);
         c.heartbeat_interval = Duration::from_millis(300);
-        // Above what a revoked member may take: its calls' 5 s, 2 s to
+        // Above what a revoked member may take: its calls' 5 s, 3 s to
         // abort what outlives them, 3 s (half the session) to commit.
         c.rebalance_timeout = Duration::from_secs(15);
         c.shutdown_grace = Duration::from_secs(2);

@@ -185,9 +185,10 @@ fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
             rates[rates.len() / 2]
         };
         const CODECS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
-        // Per codec: the pipeline's rates, librdkafka's and rskafka's (uncompressed only).
+        // Per codec: the pipeline's rates, librdkafka's and rskafka's, and
+        // the pipeline's with each call in a task of its own (uncompressed only).
         let mut drains: Vec<Vec<f64>> = vec![Vec::new(); CODECS.len()];
-        let (mut librdkafka, mut fetches) = (Vec::new(), Vec::new());
+        let (mut librdkafka, mut fetches, mut spawned) = (Vec::new(), Vec::new(), Vec::new());
         // A round not counted first: a broker just started serves its
         // first fetches with cold code. Then the codecs take turns, run
         // after run, so no codec gets the broker's warm-up alone.
@@ -214,19 +215,22 @@ fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
                     codec,
                 ])?;
                 let drained = bench(&["pipeline", &topic, &p, &n, "0", "0", "64"])?.get("handled_per_s")?;
-                let (librdkafka_rate, fetch_rate) = if codec == "none" {
+                let (librdkafka_rate, fetch_rate, spawned_rate) = if codec == "none" {
                     let drain = ["drain", "--brokers", &addr, "--topic", &topic, "--partitions", &p, "--records", &n];
+                    let spawned = ["pipeline", &topic, &p, &n, "0", "0", "64", "spawned"];
                     (
                         Some(foreign(&drain)?.get("records_per_s")?),
                         Some(bench(&["fetch", &topic, &p, &n])?.get("fetch_per_s")?),
+                        Some(bench(&spawned)?.get("handled_per_s")?),
                     )
                 } else {
-                    (None, None)
+                    (None, None, None)
                 };
                 if counted {
                     drains[i].push(drained);
                     librdkafka.extend(librdkafka_rate);
                     fetches.extend(fetch_rate);
+                    spawned.extend(spawned_rate);
                 }
             }
         }
@@ -238,6 +242,7 @@ fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
         let (_, none_rate, Some((librdkafka_rate, fetch_rate))) = rows[0] else {
             bail!("the uncompressed row comes first")
         };
+        let spawned_rate = median(spawned);
         println!();
         println!(
             "On Apache Kafka (one broker, after a round not counted), {n} records of about 170 bytes filled by librdkafka, \
@@ -258,6 +263,11 @@ fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
             "{:<52} {none_rate:>10.0} {:>22}",
             "pipeline, no-op handler, uncompressed",
             pct(none_rate, librdkafka_rate) + " of librdkafka"
+        );
+        println!(
+            "{:<52} {spawned_rate:>10.0} {:>22}",
+            "pipeline, no-op handler, each call in a task",
+            pct(spawned_rate, librdkafka_rate) + " of librdkafka"
         );
         for (codec, rate, _) in &rows[1..] {
             let rate = *rate;

@@ -85,7 +85,7 @@ pub use connection::security::{
 };
 pub use connection::ConnectionConfig;
 pub use consumer::{
-    config::{ListenerConfig, OffsetReset},
+    config::{HandlerCalls, ListenerConfig, OffsetReset},
     listener::{Listener, Readiness},
 };
 pub use error::{BrokerError, ClientError, Error, Result, TlsFile, TopicProblem, TopicProblems};

@@ -100,6 +100,7 @@ pub(crate) struct Metrics {
     evictions: Family<Labels, Counter>,
     worker_failures: Family<Labels, Counter>,
     detached_calls: Family<Labels, Gauge>,
+    blocking_calls: Family<Labels, Counter>,
     stats: Arc<ListenerStats>,
 }
 
@@ -180,6 +181,7 @@ impl Metrics {
             evictions: Family::default(),
             worker_failures: Family::default(),
             detached_calls: Family::default(),
+            blocking_calls: Family::default(),
             stats,
         }
     }
@@ -260,6 +262,11 @@ impl Metrics {
             "kafka_retry_detached_handler_calls",
             "Handler calls that ignored their cancellation and still run",
             self.detached_calls.clone(),
+        );
+        r.register(
+            "kafka_retry_blocking_handler_calls",
+            "Polled handler calls that held their thread past their timeout",
+            self.blocking_calls.clone(),
         );
     }
 
@@ -346,6 +353,12 @@ impl Metrics {
         }
     }
 
+    /// A polled handler call on `t` held its thread past its timeout.
+    pub(crate) fn blocking_call(&self, t: &str) {
+        self.blocking_calls.get_or_create(&topic(t)).inc();
+        self.count(|s| &s.blocking_calls);
+    }
+
     pub(crate) fn dlq_backlog(&self, t: &str, backlog: i64) {
         self.dlq_backlog.get_or_create(&topic(t)).set(backlog.max(0));
     }
@@ -381,6 +394,7 @@ mod tests {
         metrics.evicted("billing");
         metrics.worker_failed("billing");
         metrics.detached_call("orders", true);
+        metrics.blocking_call("orders");
         metrics.dlq_backlog("orders.dlq", 4);
         metrics.dlq_lost_to_retention("orders.dlq", 2);
         let mut registry = Registry::default();
@@ -410,6 +424,8 @@ mod tests {
         assert_eq!((failures, snapshot.worker_failures), (1, 1));
         let detached = sample(&text, r#"kafka_retry_detached_handler_calls{topic="orders"}"#);
         assert_eq!((detached, snapshot.detached_calls), (1, 1));
+        let blocking = sample(&text, r#"kafka_retry_blocking_handler_calls_total{topic="orders"}"#);
+        assert_eq!((blocking, snapshot.blocking_calls), (1, 1));
         assert_eq!(sample(&text, r#"kafka_retry_dlq_backlog{topic="orders.dlq"}"#), 4);
         assert_eq!(sample(&text, r#"kafka_retry_dlq_lost_to_retention{topic="orders.dlq"}"#), 2);
     }

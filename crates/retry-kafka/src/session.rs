@@ -47,6 +47,12 @@ pub(crate) struct Timings {
 /// as long as it runs.
 pub(crate) const ABORT_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a member waits for its partitions' workers once told to
+/// abandon their records: a spawned call's [`ABORT_WAIT`], and a moment for
+/// its worker to end. A worker still running after that is held by a
+/// polled call that blocks its thread, and is detached.
+pub(crate) const DETACH_WAIT: Duration = Duration::from_secs(3);
+
 impl Timings {
     /// How long records in flight may finish when the member's partitions
     /// are revoked by a rebalance: every call gets its whole timeout (a
@@ -63,7 +69,7 @@ impl Timings {
         // What a revoked member may take before it rejoins: its calls'
         // time, aborting what outlives it, a last commit.
         let grace = t.revocation_grace();
-        let drain = grace + ABORT_WAIT + bound;
+        let drain = grace + DETACH_WAIT + bound;
         if t.session_timeout.is_zero() || t.heartbeat_interval.is_zero() {
             Some("session_timeout and heartbeat_interval must be positive".to_owned())
         } else if t.heartbeat_interval * 2 > t.session_timeout {
@@ -77,7 +83,7 @@ impl Timings {
         } else if drain >= t.rebalance_timeout {
             Some(format!(
                 "rebalance_timeout ({:?}) must exceed what a revoked member may take to rejoin: the calls in \
-                 flight ({grace:?}, the longer of handler_timeout and shutdown_grace), {ABORT_WAIT:?} to abort \
+                 flight ({grace:?}, the longer of handler_timeout and shutdown_grace), {DETACH_WAIT:?} to abort \
                  what outlives them, and a last commit ({bound:?}, the request timeout within half the session), \
                  {drain:?} in all; or a rebalance evicts it",
                 t.rebalance_timeout
@@ -144,14 +150,14 @@ mod tests {
         check(fine, None);
         check(Timings { heartbeat_interval: s(6.0), ..fine }, Some("at most half of session_timeout"));
         check(Timings { handler_timeout: Duration::ZERO, ..fine }, Some("handler_timeout must be positive"));
-        // 30 s for calls + 2 s to abort + 5 s to commit.
-        check(Timings { rebalance_timeout: s(37.0), ..fine }, Some("37s in all"));
-        check(Timings { rebalance_timeout: s(37.5), ..fine }, None);
+        // 30 s for calls + 3 s to abort + 5 s to commit.
+        check(Timings { rebalance_timeout: s(38.0), ..fine }, Some("38s in all"));
+        check(Timings { rebalance_timeout: s(38.5), ..fine }, None);
         // The handler's timeout counts, however short the shutdown grace.
-        check(Timings { shutdown_grace: s(1.0), rebalance_timeout: s(37.0), ..fine }, Some("37s in all"));
+        check(Timings { shutdown_grace: s(1.0), rebalance_timeout: s(38.0), ..fine }, Some("38s in all"));
         check(
-            Timings { handler_timeout: s(5.0), shutdown_grace: s(40.0), rebalance_timeout: s(47.0), ..fine },
-            Some("47s in all"),
+            Timings { handler_timeout: s(5.0), shutdown_grace: s(40.0), rebalance_timeout: s(48.0), ..fine },
+            Some("48s in all"),
         );
         check(Timings { session_timeout: Duration::ZERO, ..fine }, Some("must be positive"));
     }

@@ -28,6 +28,7 @@ pub struct ListenerStats {
     pub(crate) evictions: AtomicU64,
     pub(crate) worker_failures: AtomicU64,
     pub(crate) detached_calls: AtomicU64,
+    pub(crate) blocking_calls: AtomicU64,
     pub(crate) offset_fetch_failures: AtomicU64,
 }
 
@@ -89,6 +90,9 @@ pub struct StatsSnapshot {
     /// Handler calls that ignored their cancellation, given up on and
     /// left to run detached.
     pub detached_calls: u64,
+    /// Polled handler calls that held their thread past their timeout
+    /// (their partition waited; see [`HandlerCalls`](crate::HandlerCalls)).
+    pub blocking_calls: u64,
     /// Failed reads of a group's committed offsets at the start of a
     /// generation (each retried within the generation).
     pub offset_fetch_failures: u64,
@@ -120,6 +124,7 @@ impl ListenerStats {
             evictions: self.evictions.load(Relaxed),
             worker_failures: self.worker_failures.load(Relaxed),
             detached_calls: self.detached_calls.load(Relaxed),
+            blocking_calls: self.blocking_calls.load(Relaxed),
             offset_fetch_failures: self.offset_fetch_failures.load(Relaxed),
         }
     }

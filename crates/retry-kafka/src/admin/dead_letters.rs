@@ -581,7 +581,7 @@ impl DeadLetterAdmin {
             },
             FetchError::NoAnswer(e) | FetchError::Failed(e) => e,
         })?;
-        Ok(fetched.readable.items.into_iter().map(|item| Read::of(item, partition)).collect())
+        Ok(fetched.readable.items.into_items().map(|item| Read::of(item, partition)).collect())
     }
 
     /// Up to `limit` records of `partition` from offset `from` on.

@@ -57,7 +57,7 @@ pub async fn read_partition(
             FetchError::NoAnswer(e) | FetchError::Failed(e) => e,
         })?;
         let end = *end.get_or_insert(fetched.end);
-        for item in fetched.readable.items {
+        for item in fetched.readable.items.into_items() {
             match item {
                 Item::Record(r) if r.offset < end => out.push(WrittenRecord {
                     offset: r.offset,

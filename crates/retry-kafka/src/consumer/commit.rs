@@ -44,8 +44,15 @@ impl CommitTracker {
 
     /// Records that every record of `tp` before `next_offset` is done.
     pub(crate) fn done(&self, tp: &TopicPartition, next_offset: i64) {
+        self.done_many(tp, next_offset, 1);
+    }
+
+    /// Records that every record of `tp` before `next_offset` is done, and
+    /// that `records` records finished since the last report (they count
+    /// toward the batch that triggers a commit).
+    pub(crate) fn done_many(&self, tp: &TopicPartition, next_offset: i64, records: usize) {
         // Keys are cloned only the first time a partition reports: this
-        // runs once per finished record.
+        // runs once per batch of finished records.
         {
             let mut pending = self.pending.lock().expect("no panics while holding the lock");
             match pending.get_mut(tp) {
@@ -65,7 +72,7 @@ impl CommitTracker {
             }
         }
         drop(progress);
-        let n = self.done_since_commit.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let n = self.done_since_commit.fetch_add(records, std::sync::atomic::Ordering::Relaxed) + records;
         if n >= self.batch_size {
             self.batch_full.notify_one();
         }

@@ -9,6 +9,27 @@ use crate::{
     protocol::produce::DEFAULT_MAX_REQUEST_BYTES, session, Compression, ConnectionConfig, Error, IsolationLevel, Result,
 };
 
+/// How handler calls run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HandlerCalls {
+    /// Polled by their partition's worker, beside each other (the default:
+    /// no task, timer or registration per call that ends at once). A
+    /// panic is caught and dead-letters the record; a timeout or an
+    /// abandon cancels the call by dropping it. A call that blocks its
+    /// thread (no `.await` for a long while) holds its partition until it
+    /// returns, and its outcome counts; it is logged and counted in
+    /// `kafka_retry_blocking_handler_calls`. CPU-heavy or blocking work
+    /// belongs in `tokio::task::spawn_blocking`.
+    #[default]
+    Polled,
+    /// Each in a task of its own: the calls of one partition may run on
+    /// several threads at once, and a call that blocks its thread is given
+    /// up after its timeout (the partition goes on, the call runs on
+    /// detached, counted in `kafka_retry_detached_handler_calls`, the
+    /// listener not ready until it ends), at the cost of a task per call.
+    Spawned,
+}
+
 /// Where to start a partition that has no committed offset, or whose
 /// committed offset no longer exists (retention deleted it). Retry rungs
 /// always start at their earliest record: what was republished to them is
@@ -99,6 +120,9 @@ pub struct ListenerConfig {
     /// How long one handler call may take; longer is a transient failure.
     /// A rebalance lets every call in flight run its time.
     pub handler_timeout: Duration,
+    /// How handler calls run: polled by their partition's worker (the
+    /// default), or each in a task of its own (see [`HandlerCalls`]).
+    pub handler_calls: HandlerCalls,
     /// On shutdown, how long records in flight may finish before they are
     /// abandoned (and redelivered to the next owner). A rebalance waits
     /// the longer of this and `handler_timeout`.
@@ -194,6 +218,7 @@ impl ListenerConfig {
             rebalance_timeout: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(3),
             handler_timeout: Duration::from_secs(30),
+            handler_calls: HandlerCalls::Polled,
             shutdown_grace: Duration::from_secs(10),
             group_instance_id: None,
             commit_interval: Duration::from_secs(1),

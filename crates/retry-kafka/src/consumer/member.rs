@@ -31,7 +31,8 @@ use crate::{
         worker::{StopSignals, Worker},
     },
     protocol::{assignor, group::GroupClient},
-    session, BrokerError, RecordHandler, TopicPartition,
+    session::{self, DETACH_WAIT},
+    BrokerError, RecordHandler, TopicPartition,
 };
 
 /// Why a generation ended.
@@ -567,7 +568,7 @@ impl<H: RecordHandler> Member<H> {
             if drained.is_err() {
                 tracing::warn!(group = %self.group_id, ?grace, "records still in flight after the grace period; abandoning them (they will be redelivered)");
                 signals.abandon.cancel();
-                while workers.join_next().await.is_some() {}
+                self.end_workers(&mut workers).await;
             }
             committer.finish().await;
         };
@@ -625,6 +626,35 @@ impl<H: RecordHandler> Member<H> {
     /// partition count and ends the generation when it changed, so added
     /// partitions get assigned without waiting for a member to come or go.
     /// Each heartbeat waits at most what is left of the session.
+    /// Waits, for at most [`DETACH_WAIT`], for the workers told to abandon
+    /// their records to end. A worker that does not is held by a polled
+    /// handler call that blocks its thread (nothing can cancel a call
+    /// between two of its polls): it is left to end detached, counted in
+    /// `kafka_retry_detached_handler_calls`, and the listener is not ready
+    /// until it ends. It reports nothing when it does (it was abandoned):
+    /// its partitions' next owners redeliver what it had.
+    async fn end_workers(&self, workers: &mut JoinSet<()>) {
+        let all = async { while workers.join_next().await.is_some() {} };
+        if tokio::time::timeout(DETACH_WAIT, all).await.is_ok() {
+            return;
+        }
+        let mut stuck = std::mem::take(workers);
+        tracing::error!(group = %self.group_id, workers = stuck.len(), waited = ?DETACH_WAIT, "partition workers do not end after abandoning their records: a handler call blocks its thread; they end detached, and the listener is not ready until they do");
+        let impaired = Impaired::new(&self.shared);
+        let metrics = self.shared.metrics.clone();
+        let topic = self.topic.clone();
+        for _ in 0..stuck.len() {
+            metrics.detached_call(&topic, true);
+        }
+        tokio::spawn(async move {
+            while stuck.join_next().await.is_some() {
+                metrics.detached_call(&topic, false);
+            }
+            drop(impaired);
+            tracing::info!(%topic, "detached partition workers ended at last");
+        });
+    }
+
     async fn heartbeat(&self, client: &mut GroupClient, generation: &Generation) -> End {
         let config = &self.shared.config;
         let (generation_id, member_id) = (generation.id, generation.member_id.as_str());

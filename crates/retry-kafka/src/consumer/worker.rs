@@ -18,7 +18,7 @@ use crate::{
     connection::cluster::deadline,
     consumer::brake::Admitted,
     consumer::commit::CommitTracker,
-    consumer::config::OffsetReset,
+    consumer::config::{HandlerCalls, OffsetReset},
     consumer::fetched::{Fetched, Waiting},
     consumer::position::{self, AfterFetch, Doubt, FetchLoop, FetchOutcome, Oversized, Pause, Verdict},
     consumer::shared::{Impaired, Shared},
@@ -125,6 +125,23 @@ type Handling<'a> = Pin<Box<dyn Future<Output = (i64, Processed)> + Send + 'a>>;
 /// One publish of republications: the offsets it covers, and whether it
 /// went through (false: abandoned).
 type Publishing<'a> = Pin<Box<dyn Future<Output = (Vec<i64>, bool)> + Send + 'a>>;
+
+/// Records marked done in the window, and the commit position they moved
+/// it to, if they did: reported once for all of them.
+#[derive(Default)]
+struct Finished {
+    position: Option<i64>,
+    records: usize,
+}
+
+impl Finished {
+    fn add(&mut self, window: &mut InFlightWindow, offset: i64) {
+        self.records += 1;
+        if let Some(position) = window.finish(offset).expect("a record ends once") {
+            self.position = Some(position);
+        }
+    }
+}
 
 /// What happened in the window.
 enum Event {
@@ -315,7 +332,8 @@ impl<H: RecordHandler> Worker<H> {
                     if aborted > 0 {
                         self.shared.metrics.add(|s| &s.aborted_records_skipped, aborted as u64);
                     }
-                    let records = items.into_iter().map(|item| Fetched::of(item, &topic, partition)).collect();
+                    // One at a time from the fetch's batches, as the window takes them.
+                    let records = items.into_items().map(|item| Fetched::of(item, &topic, partition));
                     if !self.admit(in_flight, records, &mut offset, &client).await {
                         return;
                     }
@@ -356,7 +374,7 @@ impl<H: RecordHandler> Worker<H> {
     async fn admit<'a>(
         &'a self,
         in_flight: &mut InFlight<'a>,
-        records: Vec<Fetched>,
+        records: impl Iterator<Item = Fetched> + Send,
         offset: &mut i64,
         client: &PartitionClient,
     ) -> bool {
@@ -496,11 +514,18 @@ impl<H: RecordHandler> Worker<H> {
     /// Then starts the next publish if none is under way, and the records
     /// the window lets start. False when a publish was abandoned.
     fn settle<'a>(&'a self, in_flight: &mut InFlight<'a>, event: Event) -> bool {
+        if self.signals.abandon.is_cancelled() {
+            // Given up: whatever ended now is redelivered to the
+            // partition's next owner, and reported by no one here.
+            return false;
+        }
+        // The partition's position is reported once, after all that ended.
+        let mut finished = Finished::default();
         match event {
             Event::Ended(ended) => {
                 for (offset, processed) in ended {
                     match processed {
-                        Processed::Done => self.advance(&mut in_flight.window, offset),
+                        Processed::Done => finished.add(&mut in_flight.window, offset),
                         Processed::Republish { record, dead_letter } => {
                             // Its key is free at once; it is done once acknowledged.
                             in_flight.window.release(offset).expect("a record ends once");
@@ -515,9 +540,12 @@ impl<H: RecordHandler> Worker<H> {
             Event::Published(_, false) => return false,
             Event::Published(offsets, true) => {
                 for offset in offsets {
-                    self.advance(&mut in_flight.window, offset);
+                    finished.add(&mut in_flight.window, offset);
                 }
             }
+        }
+        if let Some(position) = finished.position {
+            self.tracker.done_many(&self.tp, position, finished.records);
         }
         if in_flight.publishing.is_none() && !in_flight.outbox.is_empty() {
             let mut batch = std::mem::take(&mut in_flight.outbox);
@@ -529,14 +557,6 @@ impl<H: RecordHandler> Worker<H> {
         }
         self.start_ready(in_flight);
         true
-    }
-
-    /// Marks the record at `offset` done and reports the partition's new
-    /// commit position, if it moved.
-    fn advance(&self, window: &mut InFlightWindow, offset: i64) {
-        if let Some(position) = window.finish(offset).expect("a record ends once") {
-            self.tracker.done(&self.tp, position);
-        }
     }
 
     /// How much one fetch may bring: less on retry rungs, which mostly wait.
@@ -659,7 +679,7 @@ impl<H: RecordHandler> Worker<H> {
         fetched
             .readable
             .items
-            .iter()
+            .into_items()
             .any(|item| matches!(item, crate::protocol::fetch::Item::Record(r) if r.timestamp >= time.as_millis()))
     }
 
@@ -934,13 +954,74 @@ impl<H: RecordHandler> Worker<H> {
         stuck
     }
 
-    /// Runs the handler in a task of its own, so a panic is caught and a
-    /// timeout can cancel it. `None` when the record was abandoned (the
-    /// grace period of a revocation or shutdown ran out): the call is then
-    /// cancelled too, and has ended when this returns, so nothing of it
-    /// outlives the partition's ownership, unless it ignores its
-    /// cancellation (see [`Worker::abort`]).
+    /// Runs the handler as [`HandlerCalls`] says: a panic is caught (a
+    /// permanent failure), a call that runs out of time is cancelled (a
+    /// transient one). `None` when the record was abandoned (the grace
+    /// period of a revocation or shutdown ran out): the call is then
+    /// cancelled too.
     async fn run_handler(&self, record: ConsumedRecord) -> Option<Result<(), HandlerError>> {
+        match self.shared.config.handler_calls {
+            HandlerCalls::Polled => self.poll_handler(record).await,
+            HandlerCalls::Spawned => Box::pin(self.spawn_handler(record)).await,
+        }
+    }
+
+    /// Polls the handler call here, beside the partition's other calls. It
+    /// is first polled alone: a call that ends at once needs no timer and
+    /// no watch of the abandon signal.
+    async fn poll_handler(&self, record: ConsumedRecord) -> Option<Result<(), HandlerError>> {
+        let timeout = self.shared.config.handler_timeout;
+        let started = tokio::time::Instant::now();
+        let mut call = std::pin::pin!(std::panic::AssertUnwindSafe(self.shared.handler.handle(record)).catch_unwind());
+        let result = match (&mut call).now_or_never() {
+            Some(ended) => Ok(ended),
+            None => {
+                tokio::select! {
+                    // In this order: a call that ended counts as ended even
+                    // when its time ran out, or it was abandoned, meanwhile.
+                    biased;
+                    ended = &mut call => Ok(ended),
+                    _ = self.signals.abandon.cancelled() => return None,
+                    _ = tokio::time::sleep_until(started + timeout) => Err(()),
+                }
+            }
+        };
+        let took = started.elapsed();
+        self.metrics.handler_took(took);
+        Some(match result {
+            Ok(ended) => {
+                if took > timeout {
+                    // Its time ran out while it held its thread: nothing
+                    // could cancel it then, and its outcome is known.
+                    let TopicPartition { topic, partition } = &self.tp;
+                    self.shared.metrics.blocking_call(topic);
+                    tracing::warn!(%topic, partition, took_ms = took.as_millis() as u64, timeout_ms = timeout.as_millis() as u64, "a handler call held its thread past its timeout (blocking work belongs in tokio::task::spawn_blocking): its partition waited, and its outcome counts");
+                }
+                match ended {
+                    Ok(outcome) => outcome,
+                    Err(panic) => self.panicked(panic_message(panic)),
+                }
+            }
+            Err(()) => {
+                // Dropped: cancelled.
+                self.shared.metrics.count(|s| &s.handler_timeouts);
+                Err(HandlerError::transient(format!("handler timed out after {timeout:?}")))
+            }
+        })
+    }
+
+    /// A handler call that panicked: a permanent failure.
+    fn panicked(&self, message: String) -> Result<(), HandlerError> {
+        self.shared.metrics.count(|s| &s.handler_panics);
+        tracing::error!(panic = %message, "handler panicked");
+        Err(HandlerError::permanent(format!("handler panicked: {message}")))
+    }
+
+    /// Runs the handler call in a task of its own. When abandoned, the
+    /// call has ended when this returns, so nothing of it outlives the
+    /// partition's ownership, unless it ignores its cancellation (see
+    /// [`Worker::abort`]).
+    async fn spawn_handler(&self, record: ConsumedRecord) -> Option<Result<(), HandlerError>> {
         let handler = self.shared.handler.clone();
         let mut task = tokio::spawn(async move { handler.handle(record).await });
         let timeout = self.shared.config.handler_timeout;
@@ -962,15 +1043,10 @@ impl<H: RecordHandler> Worker<H> {
         self.metrics.handler_took(started.elapsed());
         Some(match result {
             Ok(Ok(outcome)) => outcome,
-            Ok(Err(join_error)) => {
-                self.shared.metrics.count(|s| &s.handler_panics);
-                let message = match join_error.try_into_panic() {
-                    Ok(panic) => panic_message(panic),
-                    Err(e) => e.to_string(),
-                };
-                tracing::error!(panic = %message, "handler panicked");
-                Err(HandlerError::permanent(format!("handler panicked: {message}")))
-            }
+            Ok(Err(join_error)) => self.panicked(match join_error.try_into_panic() {
+                Ok(panic) => panic_message(panic),
+                Err(e) => e.to_string(),
+            }),
             Err(_) => {
                 self.abort(task).await;
                 self.shared.metrics.count(|s| &s.handler_timeouts);

@@ -57,12 +57,59 @@ impl Item {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Readable {
     /// Records and undecodable batches at or after the position.
-    pub(crate) items: Vec<Item>,
+    pub(crate) items: Items,
     /// The offset after the last whole batch read, data, control or
     /// aborted: where the next fetch starts. `None` when no whole batch came.
     pub(crate) next_offset: Option<i64>,
     /// Records left out because their transaction was aborted.
     pub(crate) aborted: usize,
+}
+
+/// The records and undecodable batches of a fetch, in offset order, kept
+/// in the batches they came in: a fetch of thousands of records is handed
+/// on one at a time, never copied into one large vector of its own.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Items {
+    parts: Vec<Part>,
+    len: usize,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Part {
+    /// A batch's records, from the `skip`-th on (those before the position
+    /// are not read again).
+    Records { records: Vec<RawRecord>, skip: usize },
+    Undecodable { header: BatchHeader, raw: Bytes, problem: String },
+}
+
+impl Items {
+    fn records(&mut self, records: Vec<RawRecord>, position: i64) {
+        // A batch's records are in offset order.
+        let skip = records.partition_point(|r| r.offset < position);
+        self.len += records.len() - skip;
+        self.parts.push(Part::Records { records, skip });
+    }
+
+    fn undecodable(&mut self, header: BatchHeader, raw: Bytes, problem: String) {
+        self.len += 1;
+        self.parts.push(Part::Undecodable { header, raw, problem });
+    }
+
+    /// How many items there are.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The items, one at a time.
+    pub(crate) fn into_items(self) -> impl Iterator<Item = Item> + Send {
+        self.parts.into_iter().flat_map(|part| {
+            let (records, undecodable) = match part {
+                Part::Records { records, skip } => (Some(records.into_iter().skip(skip).map(Item::Record)), None),
+                Part::Undecodable { header, raw, problem } => (None, Some(Item::Undecodable { header, raw, problem })),
+            };
+            records.into_iter().flatten().chain(undecodable)
+        })
+    }
 }
 
 /// What of `batches`, fetched at `position`, a consumer at `isolation`
@@ -105,11 +152,9 @@ pub(crate) fn readable(
             }
         }
         match batch {
-            Batch::Data { records, .. } => {
-                out.items.extend(records.into_iter().filter(|r| r.offset >= position).map(Item::Record));
-            }
+            Batch::Data { records, .. } => out.items.records(records, position),
             Batch::Control { .. } => {}
-            Batch::Undecodable { header, raw, problem } => out.items.push(Item::Undecodable { header, raw, problem }),
+            Batch::Undecodable { header, raw, problem } => out.items.undecodable(header, raw, problem),
         }
     }
     out
@@ -324,7 +369,9 @@ mod tests {
         expected: (&[i64], Option<i64>, usize),
     ) {
         let r = readable(batches, position, list, isolation);
-        let offsets: Vec<i64> = r.items.iter().map(Item::offset).collect();
+        let len = r.items.len();
+        let offsets: Vec<i64> = r.items.into_items().map(|i| i.offset()).collect();
+        assert_eq!(len, offsets.len(), "the count of items says how many there are");
         assert_eq!((&offsets[..], r.next_offset, r.aborted), expected);
     }
 
