@@ -67,8 +67,8 @@ async fn main() {
             raw(&topic, partitions, records, 0).await;
             let latency = Latency::parse(args.get(5).map_or("0", String::as_str));
             let max_in_flight = args.get(6).map_or(64, |m| m.parse().expect("max in flight"));
-            pipeline(&topic, partitions, records, arg(4).parse().expect("failure percent"), latency, max_in_flight)
-                .await
+            let failure_percent = arg(4).parse().expect("failure percent");
+            pipeline(&topic, partitions, records, failure_percent, latency, max_in_flight, HandlerCalls::Polled).await
         }
         "pipeline" => {
             let latency = Latency::parse(args.get(5).map_or("0", String::as_str));
@@ -79,7 +79,7 @@ async fn main() {
                 Some("spawned") => HandlerCalls::Spawned,
                 Some(other) => panic!("calls are polled or spawned, not {other}"),
             };
-            pipeline_with(&topic, partitions, records, failure_percent, latency, max_in_flight, calls).await
+            pipeline(&topic, partitions, records, failure_percent, latency, max_in_flight, calls).await
         }
         "probe" => probe(&topic, partitions, records as i32).await,
         // The ladder's topics, for a foreign producer to fill.
@@ -234,20 +234,10 @@ impl RecordHandler for Bench {
     }
 }
 
+/// A listener drains `topic` (see the module's `pipeline`), its calls run
+/// as `calls` says, in a group of its own for each, so one topic can be
+/// drained both ways.
 async fn pipeline(
-    topic: &str,
-    partitions: i32,
-    records: usize,
-    failure_percent: u64,
-    latency: Latency,
-    max_in_flight: usize,
-) -> String {
-    pipeline_with(topic, partitions, records, failure_percent, latency, max_in_flight, HandlerCalls::Polled).await
-}
-
-/// [`pipeline`] with its calls run as `calls` says; a group of its own for
-/// each, so one topic can be drained both ways.
-async fn pipeline_with(
     topic: &str,
     partitions: i32,
     records: usize,
