@@ -37,7 +37,8 @@ use chrono::{TimeZone, Utc};
 use integration::{broker_addr, rskafka_client};
 use retry_core::{HandlerError, PolicyConfig, RetryPolicy, RetrySchedule, RetryTopology};
 use retry_kafka::{
-    ConnectionConfig, ConsumedRecord, GroupOffsets, HandlerCalls, Listener, ListenerConfig, RecordHandler, TopicPartition, TopicPlan,
+    ConnectionConfig, ConsumedRecord, GroupOffsets, HandlerCalls, Listener, ListenerConfig, RecordHandler,
+    TopicPartition, TopicPlan,
 };
 use rskafka::{
     client::partition::{Compression, UnknownTopicHandling},

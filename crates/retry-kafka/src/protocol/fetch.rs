@@ -78,8 +78,15 @@ pub(crate) struct Items {
 enum Part {
     /// A batch's records, from the `skip`-th on (those before the position
     /// are not read again).
-    Records { records: Vec<RawRecord>, skip: usize },
-    Undecodable { header: BatchHeader, raw: Bytes, problem: String },
+    Records {
+        records: Vec<RawRecord>,
+        skip: usize,
+    },
+    Undecodable {
+        header: BatchHeader,
+        raw: Bytes,
+        problem: String,
+    },
 }
 
 impl Items {
