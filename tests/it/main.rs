@@ -13,6 +13,7 @@ mod ladder;
 mod needs;
 mod records;
 mod sasl;
+mod spring;
 mod stock;
 mod support;
 mod tls;

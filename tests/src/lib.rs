@@ -903,3 +903,87 @@ fn run_kafka_client(peer: Peer, args: &[String], lines: tokio::sync::mpsc::Unbou
         Err(_) => panic!("`{shown}` ran longer than {limit:?} and was killed\nstderr:\n{stderr}"),
     }
 }
+
+/// The Spring Kafka peer (`peers/spring`: a billing listener with
+/// `@RetryableTopic`, built by `cargo xtask` into `$KAFKA_RETRY_SPRING_PEER`)
+/// while it runs against the test broker, secured as the pass is; killed
+/// when dropped.
+pub struct SpringPeer {
+    child: std::process::Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl SpringPeer {
+    /// Starts the peer with `settings` (`PEER_TOPIC`, `PEER_GROUP`,
+    /// `PEER_PROVIDER_URL`, `PEER_ATTEMPTS`, `PEER_DELAY_MS`, ...: see
+    /// `peers/spring/src/main/java/billing/peer/BillingPeer.java`).
+    pub fn start(settings: &[(&str, &str)]) -> SpringPeer {
+        let jar = env("KAFKA_RETRY_SPRING_PEER").unwrap_or_else(|| {
+            panic!("KAFKA_RETRY_SPRING_PEER is not set: the Spring peer runs on Apache Kafka's passes of `cargo xtask integration`, which builds it")
+        });
+        let mut child = Command::new("java")
+            .args(["-Xmx384m", "-XX:+UseSerialGC", "-jar", &jar])
+            .env("KAFKA_BROKERS", bootstrap().join(","))
+            .envs(settings.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the Spring peer ({jar}): {e}"));
+        // Both streams are its log (Spring logs to stdout); stdout's lines
+        // also go to the test, which waits for some of them.
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (sender, lines) = tokio::sync::mpsc::unbounded_channel();
+        let keep = |pipe: Box<dyn Read + Send>, sender: Option<tokio::sync::mpsc::UnboundedSender<String>>| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+                    let mut all = log.lock().unwrap_or_else(|p| p.into_inner());
+                    all.push_str(&line);
+                    all.push('\n');
+                    drop(all);
+                    if let Some(sender) = &sender {
+                        let _ = sender.send(line);
+                    }
+                }
+            });
+        };
+        keep(Box::new(child.stdout.take().expect("stdout is piped")), Some(sender));
+        keep(Box::new(child.stderr.take().expect("stderr is piped")), None);
+        SpringPeer { child, lines, log }
+    }
+
+    /// Waits up to `limit` for the next line of its standard output that
+    /// `wanted` accepts; fails the test, with what the peer logged, when it
+    /// ends or the time runs out first.
+    pub async fn wait_for_line(&mut self, what: &str, limit: Duration, wanted: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+                Ok(Some(line)) if wanted(&line) => return line,
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the Spring peer ended before {what}; it logged:\n{}", self.log()),
+                Err(_) => panic!("no {what} from the Spring peer within {limit:?}; it logged:\n{}", self.log()),
+            }
+        }
+    }
+
+    /// What it printed so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Stops it (as a kill would: a test of a stopped peer wants it gone).
+    pub fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for SpringPeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -357,6 +357,7 @@ fn run_integration_tests(target: &Target<'_>, built: &Built, scope: Scope, test_
     ];
     if target.kind.implementation == Implementation::Kafka {
         envs.push((KAFKA_LIBS_ENV.to_owned(), crate::kafka::install()?.display().to_string()));
+        envs.push((crate::spring::SPRING_PEER_ENV.to_owned(), crate::spring::peer_jar()?.display().to_string()));
     }
     envs.extend(target.security.iter().map(|(k, v)| (k.to_string(), v.clone())));
     if let Some(control) = target.control {

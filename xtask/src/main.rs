@@ -19,6 +19,7 @@ mod paths;
 mod probe;
 mod process;
 mod python;
+mod spring;
 mod tls;
 
 use clap::{Parser, Subcommand};

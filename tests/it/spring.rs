@@ -1,0 +1,154 @@
+//! Side by side with Spring Kafka's `@RetryableTopic`: the peer in
+//! `tests/peers/spring` (Spring Boot 4, Spring Kafka 4) runs against the
+//! broker, and what it writes is read as it wrote it. These tests pin
+//! Spring's topic names, header names and encodings from a running Spring,
+//! not from its documentation.
+
+use std::time::Duration;
+
+use integration::{
+    create_topic,
+    fake_provider::{FakeProvider, Faults, Script},
+    unique_topic, SpringPeer,
+};
+use retry_kafka::WrittenRecord;
+use uuid::Uuid;
+
+use crate::support::{eventually, produce, SETTLE};
+
+/// An `OrderConfirmed` event of `order`.
+fn order_event(order: &str) -> String {
+    format!(
+        r#"{{"event_id":"{}","order_id":"{order}","customer_id":"{}","total_amount":"120.50"}}"#,
+        Uuid::new_v4(),
+        Uuid::new_v4()
+    )
+}
+
+/// Every value of header `name`, in order.
+fn values<'a>(record: &'a WrittenRecord, name: &str) -> Vec<&'a [u8]> {
+    record.headers.iter().filter(|(n, _)| n == name.as_bytes()).filter_map(|(_, v)| v.as_deref()).collect()
+}
+
+/// The last value of header `name` as text.
+fn text(record: &WrittenRecord, name: &str) -> String {
+    String::from_utf8_lossy(record.header(name).flatten().unwrap_or(b"<absent>")).into_owned()
+}
+
+/// A big-endian signed integer of 1 to 8 bytes, as Java's
+/// `BigInteger.toByteArray` and `ByteBuffer.putInt`/`putLong` write them.
+fn big_endian(bytes: &[u8]) -> i64 {
+    assert!((1..=8).contains(&bytes.len()), "{} bytes", bytes.len());
+    let fill = if bytes[0] & 0x80 != 0 { 0xff } else { 0 };
+    let mut all = [fill; 8];
+    all[8 - bytes.len()..].copy_from_slice(bytes);
+    i64::from_be_bytes(all)
+}
+
+async fn read(topic: &str) -> Vec<WrittenRecord> {
+    let connection = integration::connection("kafka-retry-it-read");
+    retry_kafka::read_partition(&connection, topic, 0, 0).await.unwrap()
+}
+
+/// Spring's ladder for delays of 1, 2 and 4 s (four attempts): topics
+/// named by delay (`-retry-1000`, `-retry-2000`, `-retry-4000`) and `-dlt`;
+/// a transient failure goes one rung down with the original coordinates
+/// written once, the attempt and due time appended at every hop; a
+/// permanent one straight to `-dlt`, where the `@DltHandler` gets the
+/// original topic and the exception message. The encodings asserted here
+/// are what our reading of Spring's headers relies on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spring_peer_retries_and_dead_letters_as_spring_writes_it() {
+    let provider = FakeProvider::start(Faults::default()).await;
+    let source = unique_topic("spring-orders");
+    create_topic(&source, 1).await;
+    let (retried, rejected) = (Uuid::new_v4().to_string(), Uuid::new_v4().to_string());
+    provider.script(&retried, Script::FailTimes { times: 2 });
+    provider.script(&rejected, Script::Reject);
+    let retried_at = produce(&source, 0, &retried, &order_event(&retried), &[]).await;
+    produce(&source, 0, &rejected, &order_event(&rejected), &[]).await;
+    produce(&source, 0, "garbage", "not json", &[]).await;
+
+    let group = format!("{source}-spring");
+    let url = provider.url();
+    let mut peer = SpringPeer::start(&[
+        ("PEER_TOPIC", source.as_str()),
+        ("PEER_GROUP", group.as_str()),
+        ("PEER_PROVIDER_URL", url.as_str()),
+        ("PEER_ATTEMPTS", "4"),
+        ("PEER_DELAY_MS", "1000"),
+        ("PEER_MULTIPLIER", "2.0"),
+        ("PEER_PARTITIONS", "1"),
+        ("PEER_CONCURRENCY", "1"),
+    ]);
+    let mut handled = Vec::new();
+    for _ in 0..2 {
+        let line =
+            peer.wait_for_line("a dead letter", Duration::from_secs(90), |l| l.starts_with("dead-letter ")).await;
+        let line: serde_json::Value = serde_json::from_str(line.trim_start_matches("dead-letter ")).unwrap();
+        handled.push(line);
+    }
+    eventually("the retried order's charge", SETTLE, || async {
+        (!provider.charges_for(&retried).is_empty()).then_some(())
+    })
+    .await;
+    let log = peer.log();
+    peer.stop();
+    assert_eq!(provider.charges_for(&retried).len(), 1, "{log}");
+    assert!(provider.charges_for(&rejected).is_empty());
+
+    // The @DltHandler's view: the original topic and the exception message.
+    handled.sort_by_key(|l| l["key"].as_str().unwrap_or_default().to_owned());
+    let keys: Vec<&str> = handled.iter().map(|l| l["key"].as_str().unwrap_or_default()).collect();
+    let mut expected = vec![rejected.as_str(), "garbage"];
+    expected.sort();
+    assert_eq!(keys, expected, "{handled:?}");
+    for line in &handled {
+        assert_eq!(line["topic"], format!("{source}-dlt"), "{line}");
+        assert_eq!(line["original_topic"], source.as_str(), "{line}");
+        let message = line["message"].as_str().unwrap_or_default();
+        let cause = if line["key"] == "garbage" { "not an OrderConfirmedEvent" } else { "answered 400" };
+        assert!(message.contains(cause), "{line}");
+    }
+
+    // The ladder as Spring names it: one record per hop of the retried order.
+    let first = read(&format!("{source}-retry-1000")).await;
+    let second = read(&format!("{source}-retry-2000")).await;
+    assert_eq!((first.len(), second.len()), (1, 1), "{first:?} {second:?}");
+    assert!(read(&format!("{source}-retry-4000")).await.is_empty());
+    for (hop, record) in [first[0].clone(), second[0].clone()].iter().enumerate() {
+        assert_eq!(record.key.as_deref(), Some(retried.as_bytes()));
+        // Written once, at the first hop: UTF-8, 4-byte and 8-byte big-endian.
+        assert_eq!(values(record, "kafka_original-topic"), [source.as_bytes()]);
+        assert_eq!(values(record, "kafka_original-partition"), [&0i32.to_be_bytes()[..]]);
+        assert_eq!(values(record, "kafka_original-offset"), [&retried_at.to_be_bytes()[..]]);
+        assert_eq!(values(record, "kafka_original-timestamp").len(), 1);
+        assert_eq!(text(record, "kafka_original-timestamp-type"), "CreateTime");
+        // Appended at every hop: the next attempt as a 4-byte big-endian
+        // int, the due time and the source's timestamp as BigInteger bytes.
+        let attempts: Vec<i64> = values(record, "retry_topic-attempts").into_iter().map(big_endian).collect();
+        assert!(values(record, "retry_topic-attempts").iter().all(|v| v.len() == 4));
+        let expected: Vec<i64> = (2..=hop as i64 + 2).collect();
+        assert_eq!(attempts, expected, "hop {hop}");
+        let due = big_endian(record.header("retry_topic-backoff-timestamp").flatten().expect("a due time"));
+        let written = record.timestamp.expect("a timestamp").as_millis();
+        let delay = 1000 << hop;
+        assert!((delay - 500..=delay + 50).contains(&(due - written)), "hop {hop}: due {due}, written {written}");
+        let original = big_endian(record.header("retry_topic-original-timestamp").flatten().expect("a timestamp"));
+        assert_eq!(original, big_endian(values(record, "kafka_original-timestamp")[0]));
+        // Replaced at every hop: the exception, as text.
+        assert_eq!(values(record, "kafka_exception-message").len(), 1);
+        assert!(text(record, "kafka_exception-message").contains("503"), "{}", text(record, "kafka_exception-message"));
+        assert!(text(record, "kafka_exception-fqcn").contains("ListenerExecutionFailedException"));
+        assert!(text(record, "kafka_exception-cause-fqcn").ends_with("TransientFailure"));
+    }
+
+    // Straight to the dead-letter topic: the same headers, with the
+    // permanent failure's exception.
+    let dead = read(&format!("{source}-dlt")).await;
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    for record in &dead {
+        assert_eq!(values(record, "kafka_original-topic"), [source.as_bytes()]);
+        assert!(text(record, "kafka_exception-cause-fqcn").ends_with("PermanentFailure"), "{record:?}");
+    }
+}
