@@ -45,6 +45,16 @@ fn big_endian(bytes: &[u8]) -> i64 {
     i64::from_be_bytes(all)
 }
 
+/// Our reading of its headers (Spring's, as we read them wherever ours are absent).
+fn ours(record: &WrittenRecord) -> retry_core::RetryHeaders {
+    let headers: retry_core::Headers = record
+        .headers
+        .iter()
+        .filter_map(|(name, value)| Some((String::from_utf8(name.to_vec()).ok()?, value.as_ref()?.to_vec())))
+        .collect();
+    retry_core::RetryHeaders::decode(&headers).unwrap_or_else(|e| panic!("{e}: {record:?}"))
+}
+
 async fn read(topic: &str) -> Vec<WrittenRecord> {
     let connection = integration::connection("kafka-retry-it-read");
     retry_kafka::read_partition(&connection, topic, 0, 0).await.unwrap()
@@ -141,6 +151,15 @@ async fn the_spring_peer_retries_and_dead_letters_as_spring_writes_it() {
         assert!(text(record, "kafka_exception-message").contains("503"), "{}", text(record, "kafka_exception-message"));
         assert!(text(record, "kafka_exception-fqcn").contains("ListenerExecutionFailedException"));
         assert!(text(record, "kafka_exception-cause-fqcn").ends_with("TransientFailure"));
+        // And as we read it: the attempts that failed, the original
+        // coordinates, Spring's due time, a transient failure.
+        let read = ours(record);
+        assert_eq!(read.attempt, hop as u32 + 1);
+        assert_eq!((read.original_topic.as_str(), read.original_partition), (source.as_str(), 0));
+        assert_eq!(read.original_offset, retried_at);
+        assert_eq!(read.due_at.map(|t| t.as_millis()), Some(due));
+        assert_eq!(read.error_kind, retry_core::FailureKind::Transient);
+        assert!(read.error.contains("503") && read.error.ends_with("TransientFailure]"), "{}", read.error);
     }
 
     // Straight to the dead-letter topic: the same headers, with the
@@ -150,5 +169,8 @@ async fn the_spring_peer_retries_and_dead_letters_as_spring_writes_it() {
     for record in &dead {
         assert_eq!(values(record, "kafka_original-topic"), [source.as_bytes()]);
         assert!(text(record, "kafka_exception-cause-fqcn").ends_with("PermanentFailure"), "{record:?}");
+        let read = ours(record);
+        assert_eq!((read.attempt, read.original_topic.as_str()), (1, source.as_str()), "{record:?}");
+        assert_eq!(read.error_kind, retry_core::FailureKind::Permanent, "{record:?}");
     }
 }

@@ -107,6 +107,13 @@ pub enum HeaderProblem {
     Negative(String),
     /// The value is not one of the known words (e.g. an unknown error kind).
     UnknownValue(String),
+    /// A binary value (as Spring Kafka writes some) of the wrong length.
+    Length {
+        /// How many bytes it takes (at most, for a variable length).
+        expected: usize,
+        /// How many it has.
+        found: usize,
+    },
     /// The value contradicts the topic the record was read from.
     Mismatch {
         /// The value the topic implies.
@@ -124,6 +131,9 @@ impl fmt::Display for HeaderProblem {
             HeaderProblem::NotANumber(v) => write!(f, "is not a number in range: {v:?}"),
             HeaderProblem::Negative(v) => write!(f, "is negative: {v:?}"),
             HeaderProblem::UnknownValue(v) => write!(f, "has an unknown value: {v:?}"),
+            HeaderProblem::Length { expected, found } => {
+                write!(f, "is {found} bytes long where {expected} are expected")
+            }
             HeaderProblem::Mismatch { expected, found } => {
                 write!(f, "is {found:?} but the topic implies {expected:?}")
             }

@@ -1,6 +1,9 @@
 use std::{collections::BTreeMap, fmt};
 
-use crate::{Error, FailureKind, HeaderProblem, Result, Timestamp, TopicName};
+use crate::{
+    spring::{self, SpringHeaders},
+    Error, FailureKind, HeaderProblem, Result, Timestamp, TopicName,
+};
 
 /// The most bytes of a handler's error message kept in `x-error`.
 pub const MAX_ERROR_BYTES: usize = 1024;
@@ -308,7 +311,13 @@ impl RetryHeaders {
     /// `x-replay-count`) may be absent, but not malformed.
     /// Headers are checked in the order of [`header_names::ALL`], so the
     /// error names the first bad one.
+    ///
+    /// A record without ours that carries Spring Kafka's retry or
+    /// dead-letter headers is read from those (see [`crate::spring`]).
     pub fn decode(headers: &Headers) -> Result<Self> {
+        if headers.get(names::ATTEMPT).is_none() && spring::carries_spring_headers(|n| headers.get(n)) {
+            return SpringHeaders::decode(|n| headers.get(n)).map(RetryHeaders::from_spring);
+        }
         Ok(RetryHeaders {
             attempt: required(headers, names::ATTEMPT, parse_number)?,
             original_topic: required(headers, names::ORIGINAL_TOPIC, |s| {
@@ -330,6 +339,34 @@ impl RetryHeaders {
             first_timestamp: optional(headers, names::FIRST_TIMESTAMP, parse_timestamp)?,
             window_overridden_at: optional(headers, names::WINDOW_OVERRIDDEN_AT, parse_timestamp)?,
         })
+    }
+
+    /// Ours, from what Spring's headers say. What Spring does not record
+    /// is made up as safely as it can be: the first failure is taken to be
+    /// the original record's timestamp (which can only bring an age or a
+    /// deadline closer); the failure is transient when Spring set a due
+    /// time, permanent otherwise; the error is the exception's message with
+    /// its root cause's class in brackets.
+    fn from_spring(spring: SpringHeaders) -> RetryHeaders {
+        let error = match spring.exception_cause {
+            Some(cause) => format!("{} [{cause}]", spring.exception_message),
+            None => spring.exception_message,
+        };
+        RetryHeaders {
+            attempt: spring.next_attempt - 1,
+            original_topic: spring.original_topic,
+            original_partition: spring.original_partition,
+            original_offset: spring.original_offset,
+            original_timestamp: spring.original_timestamp,
+            first_failure_at: spring.original_timestamp.unwrap_or(Timestamp::from_millis(0)),
+            due_at: spring.due_at,
+            error_kind: if spring.due_at.is_some() { FailureKind::Transient } else { FailureKind::Permanent },
+            error,
+            dead_letter_reason: None,
+            replay_count: 0,
+            first_timestamp: None,
+            window_overridden_at: None,
+        }
     }
 
     /// Decodes only `x-idempotency-window-overridden-at`: carried forward on
@@ -659,8 +696,15 @@ mod tests {
 
         #[test]
         fn decode_never_panics(raw in proptest::collection::vec(
-            (proptest::sample::select(names::ALL.to_vec()), proptest::collection::vec(any::<u8>(), 0..24)), 0..16)
-        ) {
+            (
+                // Ours and Spring's, under both of its styles of names.
+                proptest::sample::select(
+                    [&names::ALL[..], &crate::spring::header_names::ALL[..], &["kafka_dlt-original-topic"]].concat()
+                ),
+                proptest::collection::vec(any::<u8>(), 0..24),
+            ),
+            0..16,
+        )) {
             let headers: Headers = raw.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
             let _ = RetryHeaders::decode(&headers);
             let _ = RetryHeaders::decode_replay_count(&headers);

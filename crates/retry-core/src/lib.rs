@@ -39,6 +39,8 @@
 //! - [`groups`]: the consumer groups of a ladder.
 //! - [`backoff`]: the pauses between attempts retried in place
 //!   (reconnecting, publishing again, rejoining), with injected jitter.
+//! - [`spring`]: Spring Kafka's retry and dead-letter headers, read where
+//!   ours are absent.
 //!
 //! ```
 //! use retry_core::{
@@ -80,6 +82,7 @@ mod headers;
 pub mod operators;
 pub mod replay;
 mod schedule;
+pub mod spring;
 mod time;
 mod topic;
 pub mod window;
