@@ -1,8 +1,8 @@
 use std::time::Duration;
 
 use crate::{
-    headers::truncate_utf8, DeadLetterReason, Error, FailureKind, HandlerError, HeaderProblem, Headers, RetryHeaders,
-    RetryTopology, Timestamp, TopicName, MAX_ERROR_BYTES,
+    headers::truncate_utf8, DeadLetterReason, Error, FailureKind, HandlerError, HeaderProblem, HeaderStyle, Headers,
+    RetryHeaders, RetryTopology, Timestamp, TopicName, MAX_ERROR_BYTES,
 };
 
 /// Which topic of the ladder a record was read from: the source topic or one
@@ -172,12 +172,20 @@ pub struct PolicyConfig {
     /// operator replayed it overriding the window (see [`RetryPolicy::admit`]).
     /// `None`: events of any age are handled.
     pub max_event_age: Option<Duration>,
+    /// Which headers a hop writes: ours, Spring Kafka's, or both (see
+    /// [`HeaderStyle`]). Both are always read.
+    pub header_style: HeaderStyle,
 }
 
 impl Default for PolicyConfig {
-    /// No deadline; 1 s of clock skew; events of any age.
+    /// No deadline; 1 s of clock skew; events of any age; our headers.
     fn default() -> Self {
-        PolicyConfig { deadline: None, max_clock_skew: Duration::from_secs(1), max_event_age: None }
+        PolicyConfig {
+            deadline: None,
+            max_clock_skew: Duration::from_secs(1),
+            max_event_age: None,
+            header_style: HeaderStyle::Native,
+        }
     }
 }
 
@@ -337,7 +345,11 @@ impl RetryPolicy {
             }
         }
         next.due_at = Some(due_at);
-        Decision::Retry { topic: topic.clone(), due_at, headers: with_retry_headers(record_headers, &next) }
+        Decision::Retry {
+            topic: topic.clone(),
+            due_at,
+            headers: with_retry_headers(record_headers, &next, self.config.header_style),
+        }
     }
 
     /// Decides what happens to what was read at `stage` but cannot be handed
@@ -507,7 +519,7 @@ impl RetryPolicy {
         Decision::DeadLetter {
             topic: self.topology.dead_letter_topic().clone(),
             reason,
-            headers: with_retry_headers(original, &next),
+            headers: with_retry_headers(original, &next, self.config.header_style),
         }
     }
 }
@@ -525,9 +537,9 @@ fn previous_headers(stage: Stage, headers: &Headers) -> Result<RetryHeaders, Err
     Ok(previous)
 }
 
-fn with_retry_headers(original: &Headers, ours: &RetryHeaders) -> Headers {
+fn with_retry_headers(original: &Headers, ours: &RetryHeaders, style: HeaderStyle) -> Headers {
     let mut headers = original.clone();
-    ours.encode_into(&mut headers);
+    ours.encode_as(&mut headers, style);
     headers
 }
 

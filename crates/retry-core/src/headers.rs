@@ -1,7 +1,7 @@
 use std::{collections::BTreeMap, fmt};
 
 use crate::{
-    spring::{self, SpringHeaders},
+    spring::{self, SpringHeaders, Write},
     Error, FailureKind, HeaderProblem, Result, Timestamp, TopicName,
 };
 
@@ -170,6 +170,61 @@ impl From<Headers> for BTreeMap<String, Vec<u8>> {
     /// One value per name (the last), as transports with map headers need.
     fn from(headers: Headers) -> Self {
         headers.0.into_iter().collect()
+    }
+}
+
+/// Which headers a hop writes: ours (`native`, the default), Spring
+/// Kafka's (`spring`: its names and binary encodings, so Spring's tooling
+/// and `@DltHandler` read our records), or both.
+///
+/// ```
+/// use retry_core::HeaderStyle;
+///
+/// assert_eq!("spring".parse::<HeaderStyle>(), Ok(HeaderStyle::Spring));
+/// assert_eq!(HeaderStyle::default(), HeaderStyle::Native);
+/// assert!("java".parse::<HeaderStyle>().unwrap_err().contains("native, spring or both"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// Ours only (`x-retry-attempt`, ...: plain text).
+    #[default]
+    Native,
+    /// Spring Kafka's only (`retry_topic-attempts`, `kafka_original-*`, ...).
+    Spring,
+    /// Both.
+    Both,
+}
+
+impl HeaderStyle {
+    /// Whether ours are written.
+    fn native(self) -> bool {
+        matches!(self, HeaderStyle::Native | HeaderStyle::Both)
+    }
+
+    /// Whether Spring's are written.
+    fn spring(self) -> bool {
+        matches!(self, HeaderStyle::Spring | HeaderStyle::Both)
+    }
+
+    /// Its name in settings: `native`, `spring` or `both`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeaderStyle::Native => "native",
+            HeaderStyle::Spring => "spring",
+            HeaderStyle::Both => "both",
+        }
+    }
+}
+
+impl std::str::FromStr for HeaderStyle {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "native" => Ok(HeaderStyle::Native),
+            "spring" => Ok(HeaderStyle::Spring),
+            "both" => Ok(HeaderStyle::Both),
+            other => Err(format!("a header style is native, spring or both, not {other:?}")),
+        }
     }
 }
 
@@ -369,6 +424,31 @@ impl RetryHeaders {
         }
     }
 
+    /// Appends, sets or keeps Spring's headers as Spring does on a hop.
+    fn encode_spring(&self, headers: &mut Headers) {
+        let spring = SpringHeaders {
+            next_attempt: self.attempt + 1,
+            original_topic: self.original_topic.clone(),
+            original_partition: self.original_partition,
+            original_offset: self.original_offset,
+            original_timestamp: self.original_timestamp,
+            due_at: self.due_at,
+            exception_message: truncate_utf8(&self.error, MAX_ERROR_BYTES).to_owned(),
+            exception_cause: None,
+        };
+        let class = match self.error_kind {
+            FailureKind::Transient => "retry_core.TransientFailure",
+            FailureKind::Permanent => "retry_core.PermanentFailure",
+        };
+        for (name, write, value) in spring.encode(class) {
+            match write {
+                Write::Once if headers.get(name).is_some() => {}
+                Write::Once | Write::Append => headers.0.push((name.to_owned(), value)),
+                Write::Replace => headers.insert(name, value),
+            }
+        }
+    }
+
     /// Decodes only `x-idempotency-window-overridden-at`: carried forward on
     /// a source topic after a replay that overrode the window.
     pub fn decode_window_overridden_at(headers: &Headers) -> Result<Option<Timestamp>> {
@@ -400,7 +480,44 @@ impl RetryHeaders {
     /// headers are kept as they are, and `error` is truncated to
     /// [`MAX_ERROR_BYTES`] on a UTF-8 boundary.
     pub fn encode_into(&self, headers: &mut Headers) {
+        self.encode_as(headers, HeaderStyle::Native);
+    }
+
+    /// Writes these headers into `headers` in `style`: ours as
+    /// [`encode_into`](Self::encode_into) does; Spring's as Spring does (the
+    /// original record's coordinates only where absent, the attempt about to
+    /// run and the due time appended, the exception replaced; see
+    /// [`crate::spring`]). In the Spring style, ours are removed.
+    ///
+    /// ```
+    /// use retry_core::{HeaderStyle, Headers, RetryHeaders};
+    ///
+    /// let mut native = Headers::new();
+    /// native.insert("x-retry-attempt", "1");
+    /// native.insert("x-original-topic", "orders");
+    /// native.insert("x-original-partition", "0");
+    /// native.insert("x-original-offset", "7");
+    /// native.insert("x-first-failure-at", "1000");
+    /// native.insert("x-retry-due-at", "6000");
+    /// native.insert("x-error-kind", "transient");
+    /// native.insert("x-error", "provider answered 503");
+    /// let ours = RetryHeaders::decode(&native).unwrap();
+    /// let mut spring = Headers::new();
+    /// ours.encode_as(&mut spring, HeaderStyle::Spring);
+    /// assert_eq!(spring.get("retry_topic-attempts"), Some(&2i32.to_be_bytes()[..]));
+    /// assert_eq!(spring.get("x-retry-attempt"), None);
+    /// // Read back through Spring's headers: the same attempt, offset and due time.
+    /// let back = RetryHeaders::decode(&spring).unwrap();
+    /// assert_eq!((back.attempt, back.original_offset, back.due_at), (1, 7, ours.due_at));
+    /// ```
+    pub fn encode_as(&self, headers: &mut Headers, style: HeaderStyle) {
         headers.0.retain(|(k, _)| !names::is_retry_header(k));
+        if style.spring() {
+            self.encode_spring(headers);
+        }
+        if !style.native() {
+            return;
+        }
         let mut put = |name: &str, value: String| headers.0.push((name.to_owned(), value.into_bytes()));
         put(names::ATTEMPT, self.attempt.to_string());
         put(names::ORIGINAL_TOPIC, self.original_topic.to_string());

@@ -91,7 +91,7 @@ pub use decision::{Decision, PolicyConfig, RecordMeta, RetryPolicy, Stage};
 pub use error::{Error, HeaderProblem, Result};
 pub use failure::{classify_http_status, FailureKind};
 pub use handler::{ConsumedRecord, HandlerError, RecordHandler};
-pub use headers::{header_names, DeadLetterReason, Headers, RetryHeaders, MAX_ERROR_BYTES};
+pub use headers::{header_names, DeadLetterReason, HeaderStyle, Headers, RetryHeaders, MAX_ERROR_BYTES};
 pub use schedule::{parse_duration, RetrySchedule, Rung, MAX_DELAY, MAX_RUNGS};
 pub use time::Timestamp;
 pub use topic::{RetryTopology, TopicName, MAX_TOPIC_NAME_BYTES};

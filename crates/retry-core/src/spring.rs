@@ -237,6 +237,60 @@ impl SpringHeaders {
     }
 }
 
+/// How one of Spring's headers is written on a hop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// Only where absent: the original record's, kept from the first hop.
+    Once,
+    /// After any earlier value: Spring keeps every hop's.
+    Append,
+    /// Instead of any earlier value.
+    Replace,
+}
+
+impl SpringHeaders {
+    /// These headers as Spring writes them on a hop to a retry topic
+    /// (`due_at` set) or its dead-letter topic, with `exception_class` as
+    /// the failure's class; `Write` says how each joins the record's
+    /// earlier headers.
+    pub(crate) fn encode(&self, exception_class: &str) -> Vec<(&'static str, Write, Vec<u8>)> {
+        let mut out = vec![
+            (names::ORIGINAL_TOPIC, Write::Once, self.original_topic.as_str().as_bytes().to_vec()),
+            (names::ORIGINAL_PARTITION, Write::Once, self.original_partition.to_be_bytes().to_vec()),
+            (names::ORIGINAL_OFFSET, Write::Once, self.original_offset.to_be_bytes().to_vec()),
+        ];
+        if let Some(t) = self.original_timestamp {
+            out.push((names::ORIGINAL_TIMESTAMP, Write::Once, t.as_millis().to_be_bytes().to_vec()));
+            out.push((names::ORIGINAL_TIMESTAMP_TYPE, Write::Once, b"CreateTime".to_vec()));
+        }
+        out.push((names::EXCEPTION_FQCN, Write::Replace, exception_class.as_bytes().to_vec()));
+        out.push((names::EXCEPTION_CAUSE_FQCN, Write::Replace, exception_class.as_bytes().to_vec()));
+        out.push((names::EXCEPTION_MESSAGE, Write::Replace, self.exception_message.as_bytes().to_vec()));
+        out.push((names::ATTEMPTS, Write::Append, (self.next_attempt as i32).to_be_bytes().to_vec()));
+        if let Some(due) = self.due_at {
+            out.push((names::BACKOFF_TIMESTAMP, Write::Append, big_integer_bytes(due.as_millis())));
+        }
+        if let Some(t) = self.original_timestamp {
+            out.push((names::RETRY_ORIGINAL_TIMESTAMP, Write::Append, big_integer_bytes(t.as_millis())));
+        }
+        out
+    }
+}
+
+/// A long as Java's `BigInteger.toByteArray` writes it: big-endian two's
+/// complement in as few bytes as keep its sign.
+fn big_integer_bytes(n: i64) -> Vec<u8> {
+    let all = n.to_be_bytes();
+    let mut start = 0;
+    // A leading byte may go when it only repeats the sign of the next one.
+    while start < 7
+        && ((all[start] == 0 && all[start + 1] & 0x80 == 0) || (all[start] == 0xff && all[start + 1] & 0x80 != 0))
+    {
+        start += 1;
+    }
+    all[start..].to_vec()
+}
+
 /// The name a plain dead-letter recoverer gives the same header.
 fn dlt_name(name: &'static str) -> Option<&'static str> {
     Some(match name {
@@ -359,6 +413,33 @@ mod tests {
                 big_integer("h", bad),
                 Err(Error::CorruptHeader { problem: HeaderProblem::Length { .. }, .. })
             ));
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn big_integers_round_trip(n in proptest::prelude::any::<i64>()) {
+            let bytes = big_integer_bytes(n);
+            proptest::prop_assert!(!bytes.is_empty() && bytes.len() <= 8);
+            proptest::prop_assert_eq!(big_integer("h", &bytes).unwrap(), n);
+        }
+    }
+
+    #[test]
+    fn big_integers_are_written_as_java_writes_them() {
+        let cases: &[(i64, &[u8])] = &[
+            (0, &[0]),
+            (1, &[1]),
+            (127, &[0x7f]),
+            (128, &[0x00, 0x80]),
+            (-1, &[0xff]),
+            (-129, &[0xff, 0x7f]),
+            (1_700_000_000_000, &[0x01, 0x8b, 0xcf, 0xe5, 0x68, 0x00]),
+            (i64::MIN, &[0x80, 0, 0, 0, 0, 0, 0, 0]),
+        ];
+        for (n, bytes) in cases {
+            assert_eq!(big_integer_bytes(*n), *bytes, "{n}");
+            assert_eq!(big_integer("h", bytes).unwrap(), *n);
         }
     }
 

@@ -80,16 +80,45 @@ impl RetryTopology {
     /// Derives every topic name from `source` and `schedule`; fails when the
     /// source or any derived name breaks Kafka's rules (e.g. is too long).
     pub fn new(source: &str, schedule: &RetrySchedule) -> Result<Self> {
+        // No collisions are possible: the source is a strict prefix of every
+        // derived name, labels are unique, and ".dlq" is no retry suffix.
+        Self::named(source, schedule, |rung| format!(".retry-{}", rung.label()), ".dlq")
+    }
+
+    /// The ladder of `source` with each rung's topic suffixed by `retry`,
+    /// and the dead-letter topic by `dead_letter`.
+    fn named(
+        source: &str,
+        schedule: &RetrySchedule,
+        retry: impl Fn(&Rung) -> String,
+        dead_letter: &str,
+    ) -> Result<Self> {
         let source = TopicName::new(source)?;
         let retry = schedule
             .rungs()
             .iter()
-            .map(|rung| TopicName::new(format!("{source}.retry-{}", rung.label())))
+            .map(|rung| TopicName::new(format!("{source}{}", retry(rung))))
             .collect::<Result<Vec<_>>>()?;
-        let dead_letter = TopicName::new(format!("{source}.dlq"))?;
-        // No collisions are possible: the source is a strict prefix of every
-        // derived name, labels are unique, and ".dlq" is no retry suffix.
+        let dead_letter = TopicName::new(format!("{source}{dead_letter}"))?;
         Ok(RetryTopology { source, schedule: schedule.clone(), retry, dead_letter })
+    }
+
+    /// The ladder as Spring Kafka's `@RetryableTopic` names it, for a
+    /// listener that takes over Spring's topics or shares them: one retry
+    /// topic per rung named by its delay in milliseconds
+    /// (`<source>-retry-5000`; a schedule's delays all differ, so each rung
+    /// has a topic of its own, as Spring gives it) and `<source>-dlt`.
+    /// Fails when a name breaks Kafka's rules.
+    ///
+    /// ```
+    /// use retry_core::RetryTopology;
+    ///
+    /// let t = RetryTopology::spring("orders", &"1s,2s,4s".parse().unwrap()).unwrap();
+    /// let names: Vec<&str> = t.all_topics().map(|t| t.as_str()).collect();
+    /// assert_eq!(names, ["orders", "orders-retry-1000", "orders-retry-2000", "orders-retry-4000", "orders-dlt"]);
+    /// ```
+    pub fn spring(source: &str, schedule: &RetrySchedule) -> Result<Self> {
+        Self::named(source, schedule, |rung| format!("-retry-{}", rung.delay().as_millis()), "-dlt")
     }
 
     /// The topic the listener consumes first.

@@ -534,3 +534,48 @@ fn headers_attached_by_a_failure_travel_with_the_record() {
         assert_ne!(h.get(names::ATTEMPT), Some(&b"99"[..]), "{case}: our headers are ours");
     }
 }
+
+/// A record's journey down a ladder named and written as Spring's, in each
+/// style that writes Spring's headers: every hop reads back as decided
+/// (through Spring's headers alone in the Spring style), Spring's attempt
+/// count and due times appended hop after hop, its original coordinates
+/// written once.
+#[test]
+fn a_journey_in_springs_style_reads_back_as_decided() {
+    use crate::spring::header_names as spring;
+    let styles = [(HeaderStyle::Spring, false), (HeaderStyle::Both, true)];
+    for (style, native) in styles {
+        let schedule: RetrySchedule = "1s,2s".parse().unwrap();
+        let topology = RetryTopology::spring("o", &schedule).unwrap();
+        let policy = RetryPolicy::new(topology, PolicyConfig { header_style: style, ..PolicyConfig::default() });
+        let failed = Err(HandlerError::transient("provider answered 503"));
+        let mut carried = headers(&[("traceparent", "abc")]);
+        let mut now = T0;
+        let mut expected_topics = vec!["o-retry-1000", "o-retry-2000", "o-dlt"].into_iter();
+        for (attempt, stage) in [(1, Stage::SOURCE), (2, Stage::rung_at(0)), (3, Stage::rung_at(1))] {
+            let meta = RecordMeta {
+                topic: "o",
+                partition: 2,
+                offset: 7,
+                timestamp: Some(Timestamp::from_millis(900_000)),
+                headers: &carried,
+            };
+            let decision = policy.decide(stage, &meta, &failed, Timestamp::from_millis(now));
+            let (topic, next) = match decision {
+                Decision::Retry { topic, headers, .. } | Decision::DeadLetter { topic, headers, .. } => (topic, headers),
+                Decision::Commit => panic!("{style:?}: a failure is never committed"),
+            };
+            assert_eq!(Some(topic.as_str()), expected_topics.next(), "{style:?} attempt {attempt}");
+            let read = RetryHeaders::decode(&next).unwrap();
+            assert_eq!((read.attempt, read.original_offset, read.original_partition), (attempt, 7, 2), "{style:?}");
+            assert_eq!(next.get(names::ATTEMPT).is_some(), native, "{style:?}: ours written or not");
+            let values = |name: &str| next.iter().filter(|(k, _)| *k == name).count();
+            assert_eq!(values(spring::ORIGINAL_TOPIC), 1, "{style:?}: written once");
+            assert_eq!(values(spring::ATTEMPTS), attempt as usize, "{style:?}: appended at every hop");
+            assert_eq!(next.get(spring::ATTEMPTS), Some(&(attempt as i32 + 1).to_be_bytes()[..]));
+            assert_eq!(next.get("traceparent"), Some(&b"abc"[..]), "{style:?}: the producer's header kept");
+            carried = next;
+            now += 10_000;
+        }
+    }
+}
