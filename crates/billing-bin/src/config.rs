@@ -190,6 +190,13 @@ pub(crate) struct KafkaArgs {
     /// The retry ladder's delays, e.g. `5s,30s,5m` (units ms, s, m, h).
     #[arg(long, env = "RETRY_SCHEDULE", default_value = "5s,30s,5m", value_parser = parse_schedule, global = true)]
     pub(crate) retry_schedule: RetrySchedule,
+    /// Which retry headers hops write, and how the ladder's topics are
+    /// named: `native` (ours, `<topic>.retry-5s`, `<topic>.dlq`), `spring`
+    /// (Spring Kafka's @RetryableTopic headers and names,
+    /// `<topic>-retry-5000`, `<topic>-dlt`) or `both` (both headers, our
+    /// names). Both kinds of headers are always read.
+    #[arg(long, env = "RETRY_HEADER_STYLE", default_value = "native", value_parser = parse_header_style, global = true)]
+    pub(crate) header_style: retry_core::HeaderStyle,
     /// `pretty` for people, `json` for log collectors.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty, global = true)]
     pub(crate) log_format: LogFormat,
@@ -502,6 +509,10 @@ pub(crate) struct TopicArgs {
 pub(crate) enum LogFormat {
     Pretty,
     Json,
+}
+
+fn parse_header_style(s: &str) -> Result<retry_core::HeaderStyle, String> {
+    s.parse()
 }
 
 fn parse_schedule(s: &str) -> Result<RetrySchedule, String> {

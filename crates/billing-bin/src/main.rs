@@ -67,7 +67,13 @@ fn main() -> ExitCode {
 }
 
 fn topology(kafka: &KafkaArgs) -> Result<RetryTopology, Failure> {
-    RetryTopology::new(&kafka.topic, &kafka.retry_schedule).map_err(|e| Failure::Config(e.to_string()))
+    let topology = match kafka.header_style {
+        retry_core::HeaderStyle::Spring => RetryTopology::spring(&kafka.topic, &kafka.retry_schedule),
+        retry_core::HeaderStyle::Native | retry_core::HeaderStyle::Both => {
+            RetryTopology::new(&kafka.topic, &kafka.retry_schedule)
+        }
+    };
+    topology.map_err(|e| Failure::Config(e.to_string()))
 }
 
 async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
@@ -84,7 +90,9 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let handler = billing::ChargeHandler::new(provider, rules).map_err(|e| Failure::Config(e.to_string()))?;
 
     // An event older than the provider remembers its key is not charged.
-    let policy = RetryPolicy::new(topology, retry_core::PolicyConfig { max_event_age, ..Default::default() });
+    let header_style = kafka.header_style;
+    let policy =
+        RetryPolicy::new(topology, retry_core::PolicyConfig { max_event_age, header_style, ..Default::default() });
     // Health first, so an orchestrator sees the process while it connects.
     let admin = admin::serve(args.admin_listen, limits).await.map_err(|e| Failure::Runtime(e.to_string()))?;
     info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");

@@ -562,7 +562,9 @@ fn a_journey_in_springs_style_reads_back_as_decided() {
             };
             let decision = policy.decide(stage, &meta, &failed, Timestamp::from_millis(now));
             let (topic, next) = match decision {
-                Decision::Retry { topic, headers, .. } | Decision::DeadLetter { topic, headers, .. } => (topic, headers),
+                Decision::Retry { topic, headers, .. } | Decision::DeadLetter { topic, headers, .. } => {
+                    (topic, headers)
+                }
                 Decision::Commit => panic!("{style:?}: a failure is never committed"),
             };
             assert_eq!(Some(topic.as_str()), expected_topics.next(), "{style:?} attempt {attempt}");
