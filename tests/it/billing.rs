@@ -28,17 +28,19 @@ fn billing_bin() -> PathBuf {
 }
 
 /// A fresh topic name and the settings every command of one test shares.
-struct Setup {
-    topic: String,
-    group: String,
-    schedule: &'static str,
-    partitions: i32,
+pub(crate) struct Setup {
+    pub(crate) topic: String,
+    pub(crate) group: String,
+    pub(crate) schedule: &'static str,
+    pub(crate) partitions: i32,
+    /// `RETRY_HEADER_STYLE`: `native`, or `spring` (Spring's headers and topic names).
+    pub(crate) style: &'static str,
 }
 
 impl Setup {
-    fn new(name: &str) -> Setup {
+    pub(crate) fn new(name: &str) -> Setup {
         let topic = unique_topic(name);
-        Setup { group: format!("{topic}-billing"), topic, schedule: "200ms,400ms", partitions: 2 }
+        Setup { group: format!("{topic}-billing"), topic, schedule: "200ms,400ms", partitions: 2, style: "native" }
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -49,6 +51,7 @@ impl Setup {
             .env("BILLING_TOPIC", &self.topic)
             .env("BILLING_GROUP_ID", &self.group)
             .env("RETRY_SCHEDULE", self.schedule)
+            .env("RETRY_HEADER_STYLE", self.style)
             .env("TOPIC_REPLICATION_FACTOR", integration::replication_factor().to_string())
             .env("RUST_LOG", "info")
             .envs(integration::billing_security_env())
@@ -68,7 +71,7 @@ impl Setup {
 
     /// Creates the service's topics with `billing-bin topics create`, or on
     /// the mock cluster (which has no CreateTopics) through its control channel.
-    async fn create_topics(&self) {
+    pub(crate) async fn create_topics(&self) {
         if MockCluster::from_env().is_some() {
             let connection = integration::connection("kafka-retry-it");
             integration::create_plan(&TopicPlan::new(self.topology(), self.partitions), &connection).await;
@@ -80,7 +83,7 @@ impl Setup {
     }
 
     /// Starts the service against `provider`, waiting until /readyz says so.
-    async fn start(&self, provider: &FakeProvider) -> Service {
+    pub(crate) async fn start(&self, provider: &FakeProvider) -> Service {
         self.start_with(provider, &[]).await
     }
 
@@ -111,8 +114,12 @@ impl Setup {
         }
     }
 
-    fn topology(&self) -> RetryTopology {
-        RetryTopology::new(&self.topic, &self.schedule.parse().unwrap()).unwrap()
+    pub(crate) fn topology(&self) -> RetryTopology {
+        let schedule = self.schedule.parse().unwrap();
+        match self.style {
+            "spring" => RetryTopology::spring(&self.topic, &schedule).unwrap(),
+            _ => RetryTopology::new(&self.topic, &schedule).unwrap(),
+        }
     }
 
     fn dlq(&self) -> String {
@@ -131,7 +138,7 @@ fn free_addr() -> String {
 }
 
 /// A running billing-bin process.
-struct Service {
+pub(crate) struct Service {
     child: Child,
     /// Probes and metrics.
     admin: String,
@@ -160,12 +167,12 @@ impl Service {
         client.get(url).send().await.ok()?.text().await.ok()
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGTERM, then wait for a clean exit.
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let pid = self.child.id().expect("running").to_string();
         std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         let status = within("billing-bin to stop", self.child.wait()).await.unwrap();

@@ -262,8 +262,16 @@ async fn a_polled_handler_call_that_blocks_its_thread_holds_its_partition_and_co
 /// thread does not wait for the call: the partition's worker is detached
 /// after a bounded wait, counted, and ends when the call does, reporting
 /// nothing (the record is not committed: the next owner handles it again).
+///
+/// The runtime must go on meanwhile: a call that blocks the thread that
+/// last drove tokio's timers and sockets, while every other worker thread
+/// sleeps with nothing to do, stalls the whole runtime until it returns
+/// (no thread wakes to drive them). A service has other work that keeps
+/// its threads awake; here a thread outside the runtime hands it a task
+/// every 20 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_detaches_a_worker_held_by_a_blocking_polled_call() {
+    let _awake = KeepAwake::start();
     let ladder = Ladder::create("held", "100ms", 1).await;
     let blocked_for = Duration::from_secs(15);
     let handler = Scripted::new(&[("held", &[Step::Block(blocked_for), Step::Succeed])]);
@@ -288,6 +296,31 @@ async fn a_shutdown_detaches_a_worker_held_by_a_blocking_polled_call() {
     wait_committed(&ladder, &[Some(1)]).await;
     assert_eq!(handler.attempts("held"), [1, 1]);
     listener.shutdown().await;
+}
+
+/// Hands the current runtime an empty task every 20 ms from a thread of
+/// its own, so a worker thread wakes up (and drives timers and sockets)
+/// however the others are occupied; stops when dropped.
+struct KeepAwake(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl KeepAwake {
+    fn start() -> KeepAwake {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (handle, stopped) = (tokio::runtime::Handle::current(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                handle.spawn(async {});
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        KeepAwake(stop)
+    }
+}
+
+impl Drop for KeepAwake {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 #[tokio::test]

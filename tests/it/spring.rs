@@ -46,7 +46,7 @@ fn big_endian(bytes: &[u8]) -> i64 {
 }
 
 /// Our reading of its headers (Spring's, as we read them wherever ours are absent).
-fn ours(record: &WrittenRecord) -> retry_core::RetryHeaders {
+fn ours_of(record: &WrittenRecord) -> retry_core::RetryHeaders {
     let headers: retry_core::Headers = record
         .headers
         .iter()
@@ -153,7 +153,7 @@ async fn the_spring_peer_retries_and_dead_letters_as_spring_writes_it() {
         assert!(text(record, "kafka_exception-cause-fqcn").ends_with("TransientFailure"));
         // And as we read it: the attempts that failed, the original
         // coordinates, Spring's due time, a transient failure.
-        let read = ours(record);
+        let read = ours_of(record);
         assert_eq!(read.attempt, hop as u32 + 1);
         assert_eq!((read.original_topic.as_str(), read.original_partition), (source.as_str(), 0));
         assert_eq!(read.original_offset, retried_at);
@@ -169,8 +169,64 @@ async fn the_spring_peer_retries_and_dead_letters_as_spring_writes_it() {
     for record in &dead {
         assert_eq!(values(record, "kafka_original-topic"), [source.as_bytes()]);
         assert!(text(record, "kafka_exception-cause-fqcn").ends_with("PermanentFailure"), "{record:?}");
-        let read = ours(record);
+        let read = ours_of(record);
         assert_eq!((read.attempt, read.original_topic.as_str()), (1, source.as_str()), "{record:?}");
         assert_eq!(read.error_kind, retry_core::FailureKind::Permanent, "{record:?}");
     }
+}
+
+/// A mixed estate: billing-bin in the Spring style shares a topic, and its
+/// ladder as Spring names it, with the Spring peer. What billing-bin
+/// dead-letters reaches Spring's `@DltHandler` with the original topic and
+/// billing's error as the exception message, and reads back, through
+/// Spring's headers alone, as billing-bin decided it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn springs_dlt_handler_receives_what_billing_bin_dead_letters_in_springs_style() {
+    use crate::billing::Setup;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let setup = Setup { schedule: "1s,2s,4s", partitions: 1, style: "spring", ..Setup::new("spring-mixed") };
+    setup.create_topics().await;
+    let topology = setup.topology();
+    assert_eq!(topology.dead_letter_topic().as_str(), format!("{}-dlt", setup.topic));
+    let service = setup.start(&provider).await;
+    let group = format!("{}-spring", setup.topic);
+    let url = provider.url();
+    let mut peer = SpringPeer::start(&[
+        ("PEER_TOPIC", setup.topic.as_str()),
+        ("PEER_GROUP", group.as_str()),
+        ("PEER_PROVIDER_URL", url.as_str()),
+        ("PEER_ATTEMPTS", "4"),
+        ("PEER_DELAY_MS", "1000"),
+        ("PEER_MULTIPLIER", "2.0"),
+        ("PEER_PARTITIONS", "1"),
+        ("PEER_CONCURRENCY", "1"),
+    ]);
+    // Both listeners read it, and both dead-letter it.
+    produce(&setup.topic, 0, "garbage", "not json", &[]).await;
+    let ours = loop {
+        let line = peer
+            .wait_for_line("billing-bin's dead letter", Duration::from_secs(90), |l| l.starts_with("dead-letter "))
+            .await;
+        let line: serde_json::Value = serde_json::from_str(line.trim_start_matches("dead-letter ")).unwrap();
+        if line["exception"] == "retry_core.PermanentFailure" {
+            break line;
+        }
+    };
+    let log = service.log();
+    service.stop().await;
+    peer.stop();
+    assert_eq!(ours["original_topic"], setup.topic.as_str(), "{ours}");
+    assert_eq!(ours["key"], "garbage", "{ours}");
+    // The record as billing-bin wrote it, read through Spring's headers.
+    let dead = read(topology.dead_letter_topic().as_str()).await;
+    let written = dead
+        .iter()
+        .find(|r| text(r, "kafka_exception-fqcn") == "retry_core.PermanentFailure")
+        .unwrap_or_else(|| panic!("no dead letter of billing-bin's in {dead:?}; its log:\n{log}"));
+    assert_eq!(ours["message"], text(written, "kafka_exception-message"), "{ours}");
+    assert!(written.header("x-retry-attempt").is_none(), "ours are not written in the Spring style");
+    let read = ours_of(written);
+    assert_eq!((read.attempt, read.original_topic.as_str(), read.original_offset), (1, setup.topic.as_str(), 0));
+    assert_eq!(read.error_kind, retry_core::FailureKind::Permanent);
+    assert!(provider.ledger().is_empty());
 }

@@ -18,8 +18,11 @@ pub enum HandlerCalls {
     /// abandon cancels the call by dropping it. A call that blocks its
     /// thread (no `.await` for a long while) holds its partition until it
     /// returns, and its outcome counts; it is logged and counted in
-    /// `kafka_retry_blocking_handler_calls`. CPU-heavy or blocking work
-    /// belongs in `tokio::task::spawn_blocking`.
+    /// `kafka_retry_blocking_handler_calls`. It may hold more: when every
+    /// other worker thread of the runtime sleeps, none wakes to drive
+    /// tokio's timers and sockets, and the runtime (heartbeats included)
+    /// stalls until the call returns. CPU-heavy or blocking work belongs in
+    /// `tokio::task::spawn_blocking`.
     #[default]
     Polled,
     /// Each in a task of its own: the calls of one partition may run on
