@@ -143,7 +143,9 @@ async fn the_spring_peer_retries_and_dead_letters_as_spring_writes_it() {
         let due = big_endian(record.header("retry_topic-backoff-timestamp").flatten().expect("a due time"));
         let written = record.timestamp.expect("a timestamp").as_millis();
         let delay = 1000 << hop;
-        assert!((delay - 500..=delay + 50).contains(&(due - written)), "hop {hop}: due {due}, written {written}");
+        // Due the delay after the failure, which came before the publish
+        // (by how much depends on the machine's load: loosely bounded).
+        assert!((delay - 10_000..=delay).contains(&(due - written)), "hop {hop}: due {due}, written {written}");
         let original = big_endian(record.header("retry_topic-original-timestamp").flatten().expect("a timestamp"));
         assert_eq!(original, big_endian(values(record, "kafka_original-timestamp")[0]));
         // Replaced at every hop: the exception, as text.
@@ -169,9 +171,10 @@ async fn the_spring_peer_retries_and_dead_letters_as_spring_writes_it() {
     for record in &dead {
         assert_eq!(values(record, "kafka_original-topic"), [source.as_bytes()]);
         assert!(text(record, "kafka_exception-cause-fqcn").ends_with("PermanentFailure"), "{record:?}");
+        // Spring records no kind: its class, in the error, says permanent.
         let read = ours_of(record);
         assert_eq!((read.attempt, read.original_topic.as_str()), (1, source.as_str()), "{record:?}");
-        assert_eq!(read.error_kind, retry_core::FailureKind::Permanent, "{record:?}");
+        assert!(read.error.ends_with("PermanentFailure]"), "{}", read.error);
     }
 }
 

@@ -173,6 +173,10 @@ impl From<Headers> for BTreeMap<String, Vec<u8>> {
     }
 }
 
+/// The exception classes our records name in Spring's style: the failure's kind.
+const TRANSIENT_CLASS: &str = "retry_core.TransientFailure";
+const PERMANENT_CLASS: &str = "retry_core.PermanentFailure";
+
 /// Which headers a hop writes: ours (`native`, the default), Spring
 /// Kafka's (`spring`: its names and binary encodings, so Spring's tooling
 /// and `@DltHandler` read our records), or both.
@@ -399,13 +403,20 @@ impl RetryHeaders {
     /// Ours, from what Spring's headers say. What Spring does not record
     /// is made up as safely as it can be: the first failure is taken to be
     /// the original record's timestamp (which can only bring an age or a
-    /// deadline closer); the failure is transient when Spring set a due
-    /// time, permanent otherwise; the error is the exception's message with
-    /// its root cause's class in brackets.
+    /// deadline closer); the failure is transient (Spring records no kind,
+    /// and its default classification retries every failure but a few
+    /// fatal ones; it writes a due time on its dead-letter hop too), unless
+    /// the class is one we write in Spring's style
+    /// (`retry_core.TransientFailure`, `retry_core.PermanentFailure`); the
+    /// error is the exception's message, with any other root cause's class
+    /// in brackets, which tells more.
     fn from_spring(spring: SpringHeaders) -> RetryHeaders {
-        let error = match spring.exception_cause {
-            Some(cause) => format!("{} [{cause}]", spring.exception_message),
-            None => spring.exception_message,
+        // Our own records in Spring's style name the kind as the class.
+        let (error_kind, error) = match spring.exception_cause.as_deref() {
+            Some(TRANSIENT_CLASS) => (FailureKind::Transient, spring.exception_message),
+            Some(PERMANENT_CLASS) => (FailureKind::Permanent, spring.exception_message),
+            Some(cause) => (FailureKind::Transient, format!("{} [{cause}]", spring.exception_message)),
+            None => (FailureKind::Transient, spring.exception_message),
         };
         RetryHeaders {
             attempt: spring.next_attempt - 1,
@@ -415,7 +426,7 @@ impl RetryHeaders {
             original_timestamp: spring.original_timestamp,
             first_failure_at: spring.original_timestamp.unwrap_or(Timestamp::from_millis(0)),
             due_at: spring.due_at,
-            error_kind: if spring.due_at.is_some() { FailureKind::Transient } else { FailureKind::Permanent },
+            error_kind,
             error,
             dead_letter_reason: None,
             replay_count: 0,
@@ -437,8 +448,8 @@ impl RetryHeaders {
             exception_cause: None,
         };
         let class = match self.error_kind {
-            FailureKind::Transient => "retry_core.TransientFailure",
-            FailureKind::Permanent => "retry_core.PermanentFailure",
+            FailureKind::Transient => TRANSIENT_CLASS,
+            FailureKind::Permanent => PERMANENT_CLASS,
         };
         for (name, write, value) in spring.encode(class) {
             match write {

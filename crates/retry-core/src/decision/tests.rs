@@ -581,3 +581,24 @@ fn a_journey_in_springs_style_reads_back_as_decided() {
         }
     }
 }
+
+/// A permanent failure written in Spring's style reads back permanent,
+/// with its message as it was: the kind travels as the exception's class.
+#[test]
+fn a_permanent_failure_in_springs_style_reads_back_permanent() {
+    let schedule: RetrySchedule = "1s".parse().unwrap();
+    let topology = RetryTopology::spring("o", &schedule).unwrap();
+    let policy =
+        RetryPolicy::new(topology, PolicyConfig { header_style: HeaderStyle::Spring, ..PolicyConfig::default() });
+    let none = Headers::new();
+    let meta = RecordMeta { topic: "o", partition: 0, offset: 3, timestamp: None, headers: &none };
+    let failed = Err(HandlerError::permanent("card declined"));
+    let Decision::DeadLetter { topic, headers, .. } =
+        policy.decide(Stage::SOURCE, &meta, &failed, Timestamp::from_millis(T0))
+    else {
+        panic!("a permanent failure is dead-lettered")
+    };
+    assert_eq!(topic.as_str(), "o-dlt");
+    let read = RetryHeaders::decode(&headers).unwrap();
+    assert_eq!((read.error_kind, read.error.as_str()), (FailureKind::Permanent, "card declined"));
+}
