@@ -55,6 +55,23 @@ fn ours_of(record: &WrittenRecord) -> retry_core::RetryHeaders {
     retry_core::RetryHeaders::decode(&headers).unwrap_or_else(|e| panic!("{e}: {record:?}"))
 }
 
+/// The Spring peer on `topic` (one partition), charging through
+/// `provider`: four attempts, waiting 1, 2 and 4 s between them.
+fn spring_peer(topic: &str, provider: &FakeProvider) -> SpringPeer {
+    let group = format!("{topic}-spring");
+    let url = provider.url();
+    SpringPeer::start(&[
+        ("PEER_TOPIC", topic),
+        ("PEER_GROUP", group.as_str()),
+        ("PEER_PROVIDER_URL", url.as_str()),
+        ("PEER_ATTEMPTS", "4"),
+        ("PEER_DELAY_MS", "1000"),
+        ("PEER_MULTIPLIER", "2.0"),
+        ("PEER_PARTITIONS", "1"),
+        ("PEER_CONCURRENCY", "1"),
+    ])
+}
+
 async fn read(topic: &str) -> Vec<WrittenRecord> {
     let connection = integration::connection("kafka-retry-it-read");
     retry_kafka::read_partition(&connection, topic, 0, 0).await.unwrap()
@@ -79,18 +96,7 @@ async fn the_spring_peer_retries_and_dead_letters_as_spring_writes_it() {
     produce(&source, 0, &rejected, &order_event(&rejected), &[]).await;
     produce(&source, 0, "garbage", "not json", &[]).await;
 
-    let group = format!("{source}-spring");
-    let url = provider.url();
-    let mut peer = SpringPeer::start(&[
-        ("PEER_TOPIC", source.as_str()),
-        ("PEER_GROUP", group.as_str()),
-        ("PEER_PROVIDER_URL", url.as_str()),
-        ("PEER_ATTEMPTS", "4"),
-        ("PEER_DELAY_MS", "1000"),
-        ("PEER_MULTIPLIER", "2.0"),
-        ("PEER_PARTITIONS", "1"),
-        ("PEER_CONCURRENCY", "1"),
-    ]);
+    let mut peer = spring_peer(&source, &provider);
     let mut handled = Vec::new();
     for _ in 0..2 {
         let line =
@@ -192,18 +198,7 @@ async fn springs_dlt_handler_receives_what_billing_bin_dead_letters_in_springs_s
     let topology = setup.topology();
     assert_eq!(topology.dead_letter_topic().as_str(), format!("{}-dlt", setup.topic));
     let service = setup.start(&provider).await;
-    let group = format!("{}-spring", setup.topic);
-    let url = provider.url();
-    let mut peer = SpringPeer::start(&[
-        ("PEER_TOPIC", setup.topic.as_str()),
-        ("PEER_GROUP", group.as_str()),
-        ("PEER_PROVIDER_URL", url.as_str()),
-        ("PEER_ATTEMPTS", "4"),
-        ("PEER_DELAY_MS", "1000"),
-        ("PEER_MULTIPLIER", "2.0"),
-        ("PEER_PARTITIONS", "1"),
-        ("PEER_CONCURRENCY", "1"),
-    ]);
+    let mut peer = spring_peer(&setup.topic, &provider);
     // Both listeners read it, and both dead-letter it.
     produce(&setup.topic, 0, "garbage", "not json", &[]).await;
     let ours = loop {
