@@ -7,7 +7,8 @@ use crate::{Error, Result, RetryTopology, Stage};
 pub const MAX_GROUP_ID_BYTES: usize = 200;
 
 /// The consumer groups of one listener, all derived from its group id:
-/// each consumed topic gets a group of its own, so that a rung's backlog
+/// each consumed topic gets a group of its own (the group id with the
+/// suffix the rung's topic has after its source's name), so that a rung's backlog
 /// never holds back the source's commits, and the operators' position on the
 /// dead-letter topic is a group that nothing consumes.
 ///
@@ -29,6 +30,13 @@ pub const MAX_GROUP_ID_BYTES: usize = 200;
 /// assert_eq!(groups.of(far), None);
 /// assert_eq!(groups.operators(), "billing.dlq-operators");
 /// assert_eq!(groups.replay_lock(), "billing.dlq-operators.replay-lock");
+/// // A ladder named as Spring's @RetryableTopic names it has the groups
+/// // Spring's containers use, so a listener taking over its topics goes on
+/// // where Spring stood.
+/// let spring = RetryTopology::spring("orders", &"1s,2s".parse().unwrap()).unwrap();
+/// let groups = LadderGroups::new("billing", &spring).unwrap();
+/// let consumed: Vec<&str> = groups.consumed(&spring).map(|c| c.group).collect();
+/// assert_eq!(consumed, ["billing", "billing-retry-1000", "billing-retry-2000"]);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LadderGroups {
@@ -74,7 +82,13 @@ impl LadderGroups {
         if group_id.chars().any(|c| c.is_control() || c.is_whitespace()) {
             return invalid("a group id cannot hold whitespace or control characters");
         }
-        let rungs = topology.retry_topics().map(|(rung, _)| format!("{group_id}.retry-{}", rung.label())).collect();
+        // A retry topic's name is its source's and a suffix; its group the
+        // group id and the same suffix.
+        let source = topology.source_topic().as_str();
+        let rungs = topology
+            .retry_topics()
+            .map(|(_, topic)| format!("{group_id}{}", topic.as_str().strip_prefix(source).unwrap_or(topic.as_str())))
+            .collect();
         let operators = format!("{group_id}.dlq-operators");
         let replay_lock = format!("{operators}.replay-lock");
         Ok(LadderGroups { source: group_id.to_owned(), rungs, operators, replay_lock })
