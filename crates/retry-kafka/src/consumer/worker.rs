@@ -990,9 +990,10 @@ impl<H: RecordHandler> Worker<H> {
         self.metrics.handler_took(took);
         Some(match result {
             Ok(ended) => {
-                if took > timeout {
-                    // Its time ran out while it held its thread: nothing
-                    // could cancel it then, and its outcome is known.
+                // Well past its time (not a call that ended as its timer
+                // came due): it held its thread, when nothing could cancel
+                // it, and its outcome is known.
+                if took > timeout + timeout / 10 {
                     let TopicPartition { topic, partition } = &self.tp;
                     self.shared.metrics.blocking_call(topic);
                     tracing::warn!(%topic, partition, took_ms = took.as_millis() as u64, timeout_ms = timeout.as_millis() as u64, "a handler call held its thread past its timeout (blocking work belongs in tokio::task::spawn_blocking): its partition waited, and its outcome counts");
