@@ -65,6 +65,9 @@ impl CommitTracker {
         let mut progress = self.progress.lock().expect("no panics while holding the lock");
         let finished = Finished { offset: next_offset, generation: self.generation };
         match progress.get_mut(tp) {
+            // A later generation's: a worker detached in this one reports
+            // late, and must not take its partition's progress back.
+            Some(entry) if entry.generation > self.generation => {}
             Some(entry) if entry.generation == self.generation && entry.offset >= next_offset => {}
             Some(entry) => *entry = finished,
             None => {
@@ -246,6 +249,10 @@ mod tests {
         // counts is how far this member got in the generation it reports.
         let later = CommitTracker::new(10, progress.clone(), 5);
         later.done(&tp(), 20);
+        assert_eq!(progress.lock().unwrap()[&tp()], finished(20, 5));
+        // A worker of the earlier generation, detached, reports late: the
+        // later generation's progress stands.
+        tracker.done(&tp(), 500);
         assert_eq!(progress.lock().unwrap()[&tp()], finished(20, 5));
     }
 }

@@ -514,11 +514,6 @@ impl<H: RecordHandler> Worker<H> {
     /// Then starts the next publish if none is under way, and the records
     /// the window lets start. False when a publish was abandoned.
     fn settle<'a>(&'a self, in_flight: &mut InFlight<'a>, event: Event) -> bool {
-        if self.signals.abandon.is_cancelled() {
-            // Given up: whatever ended now is redelivered to the
-            // partition's next owner, and reported by no one here.
-            return false;
-        }
         // The partition's position is reported once, after all that ended.
         let mut finished = Finished::default();
         match event {
