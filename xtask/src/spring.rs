@@ -25,7 +25,8 @@ pub(crate) const SPRING_PEER_ENV: &str = "KAFKA_RETRY_SPRING_PEER";
 pub(crate) fn peer_jar() -> anyhow::Result<PathBuf> {
     let project = workspace_root().join("tests/peers/spring");
     let cache = cache_dir();
-    let jar = cache.join(format!("spring-peer-{:016x}.jar", sources_hash(&project)?));
+    let sources = sources(&project)?;
+    let jar = cache.join(format!("spring-peer-{:016x}.jar", hash(&project, &sources)));
     if jar.is_file() {
         return Ok(jar);
     }
@@ -33,7 +34,11 @@ pub(crate) fn peer_jar() -> anyhow::Result<PathBuf> {
     // Built in a copy, so the sources' folder gains no target/.
     let build = cache.join(format!("spring-peer.partial-{}", std::process::id()));
     let _ = fs::remove_dir_all(&build);
-    copy_dir(&project, &build)?;
+    for (path, text) in &sources {
+        let target = build.join(path.strip_prefix(&project).unwrap_or(path));
+        fs::create_dir_all(target.parent().unwrap_or(&build))?;
+        fs::write(&target, text).with_context(|| format!("cannot write {}", target.display()))?;
+    }
     eprintln!("building the Spring Kafka peer with Maven into {} (once per machine and version)", jar.display());
     let built = process::run(Command::new("mvn").current_dir(&build).args([
         "--batch-mode",
@@ -52,34 +57,23 @@ pub(crate) fn peer_jar() -> anyhow::Result<PathBuf> {
     result.map(|()| jar)
 }
 
-/// A hash of the peer's pom, sources and resources: its jar's cache key.
-fn sources_hash(project: &std::path::Path) -> anyhow::Result<u64> {
+/// The peer's pom, sources and resources, in a stable order.
+fn sources(project: &std::path::Path) -> anyhow::Result<Vec<(PathBuf, String)>> {
     let mut files = Vec::new();
     for extension in ["xml", "java", "properties"] {
         files.extend(files_with_extension(&[project.to_path_buf()], &[], extension)?);
     }
     files.sort();
-    // SipHash with fixed keys: the same sources give the same key on every run.
-    let mut hasher = std::hash::DefaultHasher::new();
-    for (path, text) in files {
-        path.strip_prefix(project).unwrap_or(&path).hash(&mut hasher);
-        text.hash(&mut hasher);
-    }
-    Ok(hasher.finish())
+    Ok(files)
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
-    fs::create_dir_all(to).with_context(|| format!("cannot create {}", to.display()))?;
-    for entry in fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))? {
-        let path = entry?.path();
-        let target = to.join(path.file_name().expect("a directory entry has a name"));
-        if path.is_dir() {
-            if !path.ends_with("target") {
-                copy_dir(&path, &target)?;
-            }
-        } else {
-            fs::copy(&path, &target).with_context(|| format!("cannot copy {}", path.display()))?;
-        }
+/// Its jar's cache key: SipHash with fixed keys, so the same sources give
+/// the same key on every run.
+fn hash(project: &std::path::Path, sources: &[(PathBuf, String)]) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    for (path, text) in sources {
+        path.strip_prefix(project).unwrap_or(path).hash(&mut hasher);
+        text.hash(&mut hasher);
     }
-    Ok(())
+    hasher.finish()
 }

@@ -87,7 +87,11 @@ impl LadderGroups {
         let source = topology.source_topic().as_str();
         let rungs = topology
             .retry_topics()
-            .map(|(_, topic)| format!("{group_id}{}", topic.as_str().strip_prefix(source).unwrap_or(topic.as_str())))
+            .map(|(_, topic)| {
+                let suffix =
+                    topic.as_str().strip_prefix(source).expect("a retry topic's name begins with its source's");
+                format!("{group_id}{suffix}")
+            })
             .collect();
         let operators = format!("{group_id}.dlq-operators");
         let replay_lock = format!("{operators}.replay-lock");
