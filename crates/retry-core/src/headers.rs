@@ -375,7 +375,15 @@ impl RetryHeaders {
     /// dead-letter headers is read from those (see [`crate::spring`]).
     pub fn decode(headers: &Headers) -> Result<Self> {
         if headers.get(names::ATTEMPT).is_none() && spring::carries_spring_headers(|n| headers.get(n)) {
-            return SpringHeaders::decode(|n| headers.get(n)).map(RetryHeaders::from_spring);
+            let spring = RetryHeaders::from_spring(SpringHeaders::decode(|n| headers.get(n))?);
+            // What rides along as ours in the Spring style.
+            return Ok(RetryHeaders {
+                dead_letter_reason: optional(headers, names::DEAD_LETTER_REASON, parse_reason)?,
+                replay_count: optional(headers, names::REPLAY_COUNT, parse_number)?.unwrap_or(0),
+                first_timestamp: optional(headers, names::FIRST_TIMESTAMP, parse_timestamp)?,
+                window_overridden_at: optional(headers, names::WINDOW_OVERRIDDEN_AT, parse_timestamp)?,
+                ..spring
+            });
         }
         Ok(RetryHeaders {
             attempt: required(headers, names::ATTEMPT, parse_number)?,
@@ -391,9 +399,7 @@ impl RetryHeaders {
                 FailureKind::parse(s).ok_or_else(|| HeaderProblem::UnknownValue(s.to_owned()))
             })?,
             error: required(headers, names::ERROR, |s| Ok(s.to_owned()))?,
-            dead_letter_reason: optional(headers, names::DEAD_LETTER_REASON, |s| {
-                DeadLetterReason::parse(s).ok_or_else(|| HeaderProblem::UnknownValue(s.to_owned()))
-            })?,
+            dead_letter_reason: optional(headers, names::DEAD_LETTER_REASON, parse_reason)?,
             replay_count: optional(headers, names::REPLAY_COUNT, parse_number)?.unwrap_or(0),
             first_timestamp: optional(headers, names::FIRST_TIMESTAMP, parse_timestamp)?,
             window_overridden_at: optional(headers, names::WINDOW_OVERRIDDEN_AT, parse_timestamp)?,
@@ -438,7 +444,7 @@ impl RetryHeaders {
     /// Appends, sets or keeps Spring's headers as Spring does on a hop.
     fn encode_spring(&self, headers: &mut Headers) {
         let spring = SpringHeaders {
-            next_attempt: self.attempt + 1,
+            next_attempt: self.attempt.saturating_add(1),
             original_topic: self.original_topic.clone(),
             original_partition: self.original_partition,
             original_offset: self.original_offset,
@@ -526,10 +532,21 @@ impl RetryHeaders {
         if style.spring() {
             self.encode_spring(headers);
         }
+        let mut put = |name: &str, value: String| headers.0.push((name.to_owned(), value.into_bytes()));
         if !style.native() {
+            // Spring has no word for these; they ride along as ours, which
+            // Spring copies from hop to hop, so that a record's replays and
+            // age are known wherever it goes (the loop guard and the
+            // idempotency window need them).
+            if let Some(reason) = self.dead_letter_reason {
+                put(names::DEAD_LETTER_REASON, reason.as_str().to_owned());
+            }
+            if self.replay_count > 0 {
+                put(names::REPLAY_COUNT, self.replay_count.to_string());
+            }
+            self.encode_lineage(&mut put);
             return;
         }
-        let mut put = |name: &str, value: String| headers.0.push((name.to_owned(), value.into_bytes()));
         put(names::ATTEMPT, self.attempt.to_string());
         put(names::ORIGINAL_TOPIC, self.original_topic.to_string());
         put(names::ORIGINAL_PARTITION, self.original_partition.to_string());
@@ -547,6 +564,12 @@ impl RetryHeaders {
             put(names::DEAD_LETTER_REASON, reason.as_str().to_owned());
         }
         put(names::REPLAY_COUNT, self.replay_count.to_string());
+        self.encode_lineage(&mut put);
+    }
+
+    /// The event's first timestamp and the idempotency window's override,
+    /// in either style.
+    fn encode_lineage(&self, put: &mut impl FnMut(&str, String)) {
         if let Some(t) = self.first_timestamp {
             put(names::FIRST_TIMESTAMP, t.as_millis().to_string());
         }
@@ -608,6 +631,10 @@ fn parse_number<T: std::str::FromStr>(s: &str) -> Result<T, HeaderProblem> {
 
 fn parse_timestamp(s: &str) -> Result<Timestamp, HeaderProblem> {
     parse_number::<i64>(s).map(Timestamp::from_millis)
+}
+
+fn parse_reason(s: &str) -> Result<DeadLetterReason, HeaderProblem> {
+    DeadLetterReason::parse(s).ok_or_else(|| HeaderProblem::UnknownValue(s.to_owned()))
 }
 
 #[cfg(test)]
@@ -820,6 +847,28 @@ mod tests {
             let once = headers.clone();
             h.encode_into(&mut headers);
             prop_assert_eq!(headers, once);
+        }
+
+        /// Spring's style keeps what Spring's headers can say, and what
+        /// rides along as ours (replays, the event's age, the reason); the
+        /// first failure becomes the original record's timestamp.
+        #[test]
+        fn spring_style_round_trip(h in retry_headers(), foreign in foreign_headers()) {
+            let h = RetryHeaders { attempt: h.attempt % (i32::MAX as u32 - 1) + 1, ..h };
+            let foreign: Headers = foreign
+                .into_iter()
+                .filter(|(k, _)| !names::is_retry_header(k) && !crate::spring::header_names::is_spring_header(k))
+                .collect();
+            let mut headers = foreign.clone();
+            h.encode_as(&mut headers, HeaderStyle::Spring);
+            prop_assert!(headers.iter().all(|(k, _)| k != names::ATTEMPT));
+            let decoded = RetryHeaders::decode(&headers).unwrap();
+            let expected = RetryHeaders {
+                error: truncate_utf8(&h.error, MAX_ERROR_BYTES).to_owned(),
+                first_failure_at: h.original_timestamp.unwrap_or(Timestamp::from_millis(0)),
+                ..h.clone()
+            };
+            prop_assert_eq!(decoded, expected);
         }
 
         #[test]

@@ -142,9 +142,11 @@ impl RetryPolicy {
 
     /// The headers of a dead-letter record replayed to `target` at `now`.
     /// The producer's headers are kept and `x-replay-count` goes up by one.
-    /// To the source, our other headers are dropped: the ladder starts over.
-    /// To the first rung, the record looks as if its first attempt had just
-    /// failed: attempt 1, due now, with its original coordinates and error.
+    /// To the source, our other headers and Spring's are dropped: the ladder
+    /// starts over. To the first rung, the record looks as if its first
+    /// attempt had just failed: attempt 1, due now, with its original
+    /// coordinates and error, written in the policy's
+    /// [`header_style`](crate::PolicyConfig::header_style).
     ///
     /// Both carry `x-first-timestamp`, when the event was first produced,
     /// and, when the idempotency window is lifted, `x-idempotency-window-overridden-at`.
@@ -183,7 +185,13 @@ impl RetryPolicy {
         }
         let count = count.saturating_add(1);
         let overridden = guards.max_age.is_none().then_some(now);
-        let mut out = headers.without_retry_headers();
+        // Spring's retry headers go too: Spring would read a replayed
+        // record's old attempt count and send it on down its ladder.
+        let mut out: Headers = headers
+            .iter()
+            .filter(|(k, _)| !names::is_retry_header(k) && !crate::spring::header_names::is_spring_header(k))
+            .map(|(k, v)| (k.to_owned(), v.to_vec()))
+            .collect();
         match target {
             ReplayTarget::Source => {
                 out.insert(names::REPLAY_COUNT, count.to_string());
@@ -205,7 +213,7 @@ impl RetryPolicy {
                     window_overridden_at: overridden,
                     ..previous
                 };
-                replayed.encode_into(&mut out);
+                replayed.encode_as(&mut out, self.config().header_style);
             }
         }
         Ok(out)
@@ -446,6 +454,81 @@ mod tests {
             "first produced 40h01m ago, outside the 24h idempotency window: the downstream may no longer \
              recognise its idempotency key and act twice; override the idempotency window to replay it"
         );
+    }
+
+    /// A dead letter as Spring's `@RetryableTopic` leaves it after four
+    /// attempts: the original coordinates once, every hop's attempt and due
+    /// time appended, the last exception.
+    fn springs_dead_letter() -> Headers {
+        let mut h: Vec<(String, Vec<u8>)> = vec![
+            ("traceparent".into(), b"abc".to_vec()),
+            ("kafka_original-topic".into(), b"o".to_vec()),
+            ("kafka_original-partition".into(), 1i32.to_be_bytes().to_vec()),
+            ("kafka_original-offset".into(), 9i64.to_be_bytes().to_vec()),
+            ("kafka_original-timestamp".into(), 100i64.to_be_bytes().to_vec()),
+            ("kafka_original-timestamp-type".into(), b"CreateTime".to_vec()),
+        ];
+        for attempt in 2i32..=4 {
+            h.push(("retry_topic-attempts".into(), attempt.to_be_bytes().to_vec()));
+            h.push(("retry_topic-backoff-timestamp".into(), (1_000 * attempt as i64).to_be_bytes().to_vec()));
+        }
+        h.push(("kafka_exception-message".into(), b"provider answered 503".to_vec()));
+        h.into_iter().collect()
+    }
+
+    /// Replaying Spring's dead letters: to the source, none of Spring's
+    /// headers go along (Spring would read the old attempt count and send
+    /// the record on down its ladder); to the first rung, the headers are
+    /// written in the policy's style; and in Spring's style, the replay
+    /// count and the event's age ride along as ours, so the loop guard and
+    /// the idempotency window hold down a Spring-style ladder too.
+    #[test]
+    fn springs_dead_letters_are_replayed_in_the_policys_style() {
+        let schedule: RetrySchedule = "5s,30s".parse().unwrap();
+        let spring = PolicyConfig { header_style: crate::HeaderStyle::Spring, ..PolicyConfig::default() };
+        let p = RetryPolicy::new(RetryTopology::spring("o", &schedule).unwrap(), spring);
+        let now = Timestamp::from_millis(500);
+        let to_source = p.replay_headers(&springs_dead_letter(), ReplayTarget::Source, now, loop_guard(None)).unwrap();
+        let names: Vec<&str> = to_source.iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["traceparent", "x-replay-count", "x-first-timestamp", "x-idempotency-window-overridden-at"]);
+        assert_eq!(to_source.get("x-first-timestamp"), Some(&b"100"[..]));
+
+        let h = p.replay_headers(&springs_dead_letter(), ReplayTarget::FirstRetry, now, loop_guard(None)).unwrap();
+        assert_eq!(h.iter().filter(|(k, _)| *k == "retry_topic-attempts").count(), 1, "{h:?}");
+        assert_eq!(h.get("retry_topic-attempts"), Some(&2i32.to_be_bytes()[..]));
+        assert_eq!(h.get("x-retry-attempt"), None, "ours are not written in the Spring style");
+        let decoded = RetryHeaders::decode(&h).unwrap();
+        assert_eq!((decoded.attempt, decoded.due_at, decoded.replay_count), (1, Some(now), 1));
+        assert_eq!((decoded.original_partition, decoded.original_offset), (1, 9));
+        assert_eq!(decoded.first_timestamp, Some(Timestamp::from_millis(100)));
+
+        // Failing on every rung, it reaches the dead-letter topic with its
+        // replay count, where the loop guard counts it.
+        let mut headers = h;
+        for topic in ["o-retry-5000", "o-retry-30000"] {
+            let record = RecordMeta { topic, partition: 0, offset: 1, timestamp: Some(now), headers: &headers };
+            let failed = Err(crate::HandlerError::transient("503"));
+            headers = match p.decide(p.stage_of(topic).unwrap(), &record, &failed, now) {
+                crate::Decision::Retry { headers, .. } | crate::Decision::DeadLetter { headers, .. } => headers,
+                other => panic!("{other:?}"),
+            };
+        }
+        assert!(RetryHeaders::decode(&headers).unwrap().dead_letter_reason.is_some());
+        assert_eq!(
+            p.replay_headers(&headers, ReplayTarget::Source, now, loop_guard(Some(1))),
+            Err(ReplayRefused::TooOftenReplayed { count: 1, max: 1 })
+        );
+        let window = ReplayGuards { max_replays: None, max_age: Some(Duration::from_millis(300)) };
+        assert!(matches!(
+            p.replay_headers(&headers, ReplayTarget::Source, now, window),
+            Err(ReplayRefused::OutsideIdempotencyWindow { .. })
+        ));
+
+        // A native policy writes ours to its first rung.
+        let h = policy().replay_headers(&springs_dead_letter(), ReplayTarget::FirstRetry, now, loop_guard(None));
+        let h = h.unwrap();
+        assert_eq!(h.get("x-retry-attempt"), Some(&b"1"[..]));
+        assert!(h.iter().all(|(k, _)| !crate::spring::header_names::is_spring_header(k)), "{h:?}");
     }
 
     /// The event's first timestamp survives a replay and the ladder after it.
