@@ -40,6 +40,11 @@ pub(crate) enum Command {
     },
     /// Look at, replay or acknowledge dead letters, through a running service's operators' API.
     Dlq(DlqArgs),
+    /// Serve the operators' API alone, consuming nothing: for a ladder that
+    /// another service consumes (a Spring Kafka @RetryableTopic listener,
+    /// with RETRY_HEADER_STYLE=spring), or to keep the API apart from the
+    /// instances that charge. Needs ADMIN_TOKEN or ADMIN_TOKEN_FILE.
+    Operators(Box<OperatorArgs>),
     /// Move a consumer group of the ladder past one record, with every
     /// instance of the service stopped: the last resort for a partition
     /// stalled on a record that cannot even be dead-lettered.
@@ -250,18 +255,13 @@ impl KafkaArgs {
     }
 }
 
-/// Settings of the running service.
+/// The consumer groups, the idempotency window and the operators' API:
+/// what `run` and `operators` share.
 #[derive(Args, Clone)]
-pub(crate) struct RunArgs {
+pub(crate) struct OperatorArgs {
     /// The consumer group of the source topic; rung `n` uses `<group>.retry-<label>`.
     #[arg(long, env = "BILLING_GROUP_ID", default_value = "billing-order-confirmed")]
     pub(crate) group_id: String,
-    /// Base URL of the billing provider; charges go to `<url>/charges`. Required.
-    #[arg(long, env = "BILLING_PROVIDER_URL")]
-    pub(crate) provider_url: Option<String>,
-    /// How long one call to the provider may take; longer is a transient failure.
-    #[arg(long, env = "BILLING_PROVIDER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub(crate) provider_timeout: Duration,
     /// How long the provider remembers an idempotency key (e.g. 24h): an
     /// event first produced longer ago, less the margin, is dead-lettered
     /// (idempotency-window-passed) instead of charged, and replayed only
@@ -273,25 +273,6 @@ pub(crate) struct RunArgs {
     /// clocks of the producer and the provider, and a charge's own time.
     #[arg(long, env = "BILLING_PROVIDER_IDEMPOTENCY_MARGIN", default_value = "1h", value_parser = parse_duration)]
     pub(crate) provider_idempotency_margin: Duration,
-    /// Where the source topic's group starts when it has no committed
-    /// offsets (a new or renamed BILLING_GROUP_ID, offsets expired):
-    /// `window` (events inside the idempotency window; the earliest when
-    /// the window is off), `earliest`, `latest`, `by_duration:<duration>`,
-    /// or a time (2026-12-01T00:00:00Z, or ms since the epoch).
-    #[arg(long, env = "BILLING_START_AT", default_value = "window")]
-    pub(crate) start_at: String,
-    /// The ISO 4217 currencies charged in, comma-separated; the first is
-    /// the currency of events that name none.
-    #[arg(long, env = "BILLING_CURRENCIES", default_value = "EUR")]
-    pub(crate) currencies: String,
-    /// The most one charge may be: one amount for every currency (10000),
-    /// or one per currency (EUR=10000,JPY=1500000). Above it, the event is
-    /// dead-lettered, not charged.
-    #[arg(long, env = "BILLING_MAX_AMOUNT", default_value = "10000")]
-    pub(crate) max_amount: String,
-    /// Where /healthz, /readyz and /metrics are served.
-    #[arg(long, env = "ADMIN_LISTEN", default_value = "127.0.0.1:8080")]
-    pub(crate) admin_listen: SocketAddr,
     /// Where the operators' API (/admin) is served, when it is on: apart
     /// from the probes, so exposing one does not expose the other.
     #[arg(long, env = "OPERATOR_LISTEN", default_value = "127.0.0.1:8081")]
@@ -316,6 +297,86 @@ pub(crate) struct RunArgs {
     /// command lines are visible to every user of the machine.
     #[arg(long, env = "ADMIN_TOKEN_FILE")]
     pub(crate) admin_token_file: Option<std::path::PathBuf>,
+}
+
+impl OperatorArgs {
+    pub(crate) fn admin_token(&self) -> Result<Option<String>, Failure> {
+        admin_token(self.admin_token_file.as_deref())
+    }
+
+    /// The limits of both HTTP listeners.
+    pub(crate) fn http_limits(&self) -> Result<crate::http::HttpLimits, Failure> {
+        if self.http_header_read_timeout.is_zero() || self.http_request_timeout.is_zero() {
+            return Err(Failure::Config(
+                "HTTP_HEADER_READ_TIMEOUT and HTTP_REQUEST_TIMEOUT must be longer than zero".into(),
+            ));
+        }
+        if self.http_max_connections == 0 {
+            return Err(Failure::Config("HTTP_MAX_CONNECTIONS must be at least 1".into()));
+        }
+        if self.operator_max_auth_failures == 0 {
+            return Err(Failure::Config("OPERATOR_MAX_AUTH_FAILURES must be at least 1".into()));
+        }
+        Ok(crate::http::HttpLimits {
+            header_read_timeout: self.http_header_read_timeout,
+            request_timeout: self.http_request_timeout,
+            max_connections: self.http_max_connections,
+        })
+    }
+
+    /// The oldest an event may be and still be charged or replayed: the
+    /// provider's idempotency window less its margin; `None` when the
+    /// window is `off`.
+    pub(crate) fn max_event_age(&self) -> Result<Option<Duration>, Failure> {
+        let window = match self.provider_idempotency_window.trim() {
+            "off" => return Ok(None),
+            text => parse_duration(text)
+                .map_err(|e| Failure::Config(format!("BILLING_PROVIDER_IDEMPOTENCY_WINDOW: {e}")))?,
+        };
+        let margin = self.provider_idempotency_margin;
+        match window.checked_sub(margin) {
+            Some(age) if !age.is_zero() => Ok(Some(age)),
+            _ => Err(Failure::Config(format!(
+                "BILLING_PROVIDER_IDEMPOTENCY_WINDOW ({}) must be longer than BILLING_PROVIDER_IDEMPOTENCY_MARGIN \
+                 ({margin:?}), or `off`",
+                self.provider_idempotency_window.trim(),
+            ))),
+        }
+    }
+
+}
+
+/// Settings of the running service.
+#[derive(Args, Clone)]
+pub(crate) struct RunArgs {
+    /// What `run` shares with `operators`.
+    #[command(flatten)]
+    pub(crate) operators: OperatorArgs,
+    /// Base URL of the billing provider; charges go to `<url>/charges`. Required.
+    #[arg(long, env = "BILLING_PROVIDER_URL")]
+    pub(crate) provider_url: Option<String>,
+    /// How long one call to the provider may take; longer is a transient failure.
+    #[arg(long, env = "BILLING_PROVIDER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub(crate) provider_timeout: Duration,
+    /// Where the source topic's group starts when it has no committed
+    /// offsets (a new or renamed BILLING_GROUP_ID, offsets expired):
+    /// `window` (events inside the idempotency window; the earliest when
+    /// the window is off), `earliest`, `latest`, `by_duration:<duration>`,
+    /// or a time (2026-12-01T00:00:00Z, or ms since the epoch).
+    #[arg(long, env = "BILLING_START_AT", default_value = "window")]
+    pub(crate) start_at: String,
+    /// The ISO 4217 currencies charged in, comma-separated; the first is
+    /// the currency of events that name none.
+    #[arg(long, env = "BILLING_CURRENCIES", default_value = "EUR")]
+    pub(crate) currencies: String,
+    /// The most one charge may be: one amount for every currency (10000),
+    /// or one per currency (EUR=10000,JPY=1500000). Above it, the event is
+    /// dead-lettered, not charged.
+    #[arg(long, env = "BILLING_MAX_AMOUNT", default_value = "10000")]
+    pub(crate) max_amount: String,
+    /// Where /healthz, /readyz and /metrics are served.
+    #[arg(long, env = "ADMIN_LISTEN", default_value = "127.0.0.1:8080")]
+    pub(crate) admin_listen: SocketAddr,
     /// A stable identity of this instance in its consumer groups (Kafka's
     /// group.instance.id), e.g. its StatefulSet pod name: a restart within
     /// the session timeout gets its partitions back without a rebalance,
@@ -375,10 +436,6 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
-    pub(crate) fn admin_token(&self) -> Result<Option<String>, Failure> {
-        admin_token(self.admin_token_file.as_deref())
-    }
-
     pub(crate) fn window(&self) -> Result<retry_core::window::WindowConfig, Failure> {
         retry_core::window::WindowConfig::new(self.max_in_flight, retry_core::window::NullKeys::Ordered)
             .map_err(|e| Failure::Config(format!("BILLING_MAX_IN_FLIGHT: {e}")))
@@ -409,26 +466,6 @@ impl RunArgs {
         Ok(Some(brake))
     }
 
-    /// The limits of both HTTP listeners.
-    pub(crate) fn http_limits(&self) -> Result<crate::http::HttpLimits, Failure> {
-        if self.http_header_read_timeout.is_zero() || self.http_request_timeout.is_zero() {
-            return Err(Failure::Config(
-                "HTTP_HEADER_READ_TIMEOUT and HTTP_REQUEST_TIMEOUT must be longer than zero".into(),
-            ));
-        }
-        if self.http_max_connections == 0 {
-            return Err(Failure::Config("HTTP_MAX_CONNECTIONS must be at least 1".into()));
-        }
-        if self.operator_max_auth_failures == 0 {
-            return Err(Failure::Config("OPERATOR_MAX_AUTH_FAILURES must be at least 1".into()));
-        }
-        Ok(crate::http::HttpLimits {
-            header_read_timeout: self.http_header_read_timeout,
-            request_timeout: self.http_request_timeout,
-            max_connections: self.http_max_connections,
-        })
-    }
-
     /// The business rules of a charge.
     pub(crate) fn charge_rules(&self) -> Result<billing::ChargeRules, Failure> {
         let currencies = self
@@ -441,26 +478,6 @@ impl RunArgs {
             self.max_amount.parse().map_err(|e| Failure::Config(format!("BILLING_MAX_AMOUNT: {e}")))?;
         billing::ChargeRules::new(currencies, max_amount)
             .map_err(|e| Failure::Config(format!("BILLING_CURRENCIES and BILLING_MAX_AMOUNT: {e}")))
-    }
-
-    /// The oldest an event may be and still be charged or replayed: the
-    /// provider's idempotency window less its margin; `None` when the
-    /// window is `off`.
-    pub(crate) fn max_event_age(&self) -> Result<Option<Duration>, Failure> {
-        let window = match self.provider_idempotency_window.trim() {
-            "off" => return Ok(None),
-            text => parse_duration(text)
-                .map_err(|e| Failure::Config(format!("BILLING_PROVIDER_IDEMPOTENCY_WINDOW: {e}")))?,
-        };
-        let margin = self.provider_idempotency_margin;
-        match window.checked_sub(margin) {
-            Some(age) if !age.is_zero() => Ok(Some(age)),
-            _ => Err(Failure::Config(format!(
-                "BILLING_PROVIDER_IDEMPOTENCY_WINDOW ({}) must be longer than BILLING_PROVIDER_IDEMPOTENCY_MARGIN \
-                 ({margin:?}), or `off`",
-                self.provider_idempotency_window.trim(),
-            ))),
-        }
     }
 
     /// Where the source topic's group starts without committed offsets.

@@ -8,6 +8,7 @@
 //! billing-bin topics create  create the topics of the ladder (never auto-created)
 //! billing-bin topics verify  check that they exist with enough partitions
 //! billing-bin dlq list|show|replay|ack   the operators' API of a running service
+//! billing-bin operators      serve the operators' API alone (a ladder another service consumes)
 //! ```
 //!
 //! Exit codes: 0 after a clean shutdown (SIGTERM, SIGINT), 1 when the service
@@ -28,7 +29,7 @@ use retry_kafka::{Created, CreatedTopic, Error as KafkaError, Listener, TopicPla
 use tracing::{error, info};
 
 use crate::{
-    config::{Cli, Command, KafkaArgs, OffsetsAction, RunArgs, SkipArgs, TopicArgs, TopicsAction},
+    config::{Cli, Command, KafkaArgs, OffsetsAction, OperatorArgs, RunArgs, SkipArgs, TopicArgs, TopicsAction},
     failure::Failure,
 };
 
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
             Some(Command::Topics { action: TopicsAction::Create(args) }) => create_topics(&cli.kafka, &args).await,
             Some(Command::Topics { action: TopicsAction::Verify }) => verify_topics(&cli.kafka).await,
             Some(Command::Dlq(args)) => dlq_cli::run(&cli.kafka, &args).await,
+            Some(Command::Operators(args)) => serve_operators_alone(&cli.kafka, &args).await,
             Some(Command::Offsets { action: OffsetsAction::Skip(args) }) => skip_offset(&cli.kafka, &args).await,
         }
     });
@@ -76,54 +78,38 @@ fn topology(kafka: &KafkaArgs) -> Result<RetryTopology, Failure> {
     topology.map_err(|e| Failure::Config(e.to_string()))
 }
 
+/// The retry policy every command that reads or writes the ladder follows.
+fn policy(kafka: &KafkaArgs, max_event_age: Option<Duration>) -> Result<RetryPolicy, Failure> {
+    // An event older than the provider remembers its key is not charged.
+    let config = retry_core::PolicyConfig { max_event_age, header_style: kafka.header_style, ..Default::default() };
+    Ok(RetryPolicy::new(topology(kafka)?, config))
+}
+
 async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let provider = args.provider()?;
     let rules = args.charge_rules()?;
-    let max_event_age = args.max_event_age()?;
+    let max_event_age = args.operators.max_event_age()?;
     let start_at = args.start_at(max_event_age)?;
     let window = args.window()?;
     let brake = args.brake()?;
-    let limits = args.http_limits()?;
-    let token = args.admin_token()?;
+    let limits = args.operators.http_limits()?;
+    let token = args.operators.admin_token()?;
     let connection = kafka.connection()?;
-    let topology = topology(kafka)?;
+    let policy = policy(kafka, max_event_age)?;
     let handler = billing::ChargeHandler::new(provider, rules).map_err(|e| Failure::Config(e.to_string()))?;
 
-    // An event older than the provider remembers its key is not charged.
-    let header_style = kafka.header_style;
-    let policy =
-        RetryPolicy::new(topology, retry_core::PolicyConfig { max_event_age, header_style, ..Default::default() });
     // Health first, so an orchestrator sees the process while it connects.
     let admin = admin::serve(args.admin_listen, limits).await.map_err(|e| Failure::Runtime(e.to_string()))?;
     info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");
     let operators_server = match token {
-        Some(token) => {
-            let groups = retry_core::groups::LadderGroups::new(&args.group_id, policy.topology())
-                .map_err(|e| Failure::Config(e.to_string()))?;
-            let store = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups).await?;
-            let failures = operators::AuthFailures::new(args.operator_max_auth_failures, Duration::from_secs(60));
-            let mut operators = operators::Operators::new(token, policy.clone(), store, max_event_age, failures);
-            // Answer before the request's own deadline cuts the wait short.
-            operators.wait_limit = limits.request_timeout * 2 / 3;
-            let routes = operators::routes(Arc::new(operators));
-            let server = http::serve("OPERATOR_LISTEN", args.operator_listen, routes, limits)
-                .await
-                .map_err(|e| Failure::Runtime(e.to_string()))?;
-            info!(operators = %server.addr(), "operators' API listening (/admin)");
-            if !server.addr().ip().is_loopback() {
-                tracing::warn!(operators = %server.addr(), "the operators' API serves plain HTTP on an address other \
-                    hosts can reach: its token travels as it is; put a TLS-terminating proxy in front of it, or \
-                    listen on loopback (OPERATOR_LISTEN)");
-            }
-            Some(server)
-        }
+        Some(token) => Some(serve_operators(&args.operators, token, &connection, &policy).await?),
         None => {
             info!("ADMIN_TOKEN is not set: the operators' API (/admin) is off");
             None
         }
     };
 
-    let mut config = retry_kafka::ListenerConfig::new(connection, &args.group_id, policy)?;
+    let mut config = retry_kafka::ListenerConfig::new(connection, &args.operators.group_id, policy)?;
     // A charge answered 409 makes a second call, its confirmation: the
     // handler's time covers both.
     config.handler_timeout = handler.time_needed();
@@ -155,6 +141,51 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
         server.stop().await;
     }
     admin.stop().await;
+    info!("stopped");
+    Ok(())
+}
+
+/// Starts the operators' API on `args.operator_listen`.
+async fn serve_operators(
+    args: &OperatorArgs,
+    token: String,
+    connection: &retry_kafka::ConnectionConfig,
+    policy: &RetryPolicy,
+) -> Result<http::Server, Failure> {
+    let limits = args.http_limits()?;
+    let groups = retry_core::groups::LadderGroups::new(&args.group_id, policy.topology())
+        .map_err(|e| Failure::Config(e.to_string()))?;
+    let store = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups).await?;
+    let failures = operators::AuthFailures::new(args.operator_max_auth_failures, Duration::from_secs(60));
+    let max_event_age = policy.config().max_event_age;
+    let mut operators = operators::Operators::new(token, policy.clone(), store, max_event_age, failures);
+    // Answer before the request's own deadline cuts the wait short.
+    operators.wait_limit = limits.request_timeout * 2 / 3;
+    let routes = operators::routes(Arc::new(operators));
+    let server = http::serve("OPERATOR_LISTEN", args.operator_listen, routes, limits)
+        .await
+        .map_err(|e| Failure::Runtime(e.to_string()))?;
+    info!(operators = %server.addr(), "operators' API listening (/admin)");
+    if !server.addr().ip().is_loopback() {
+        tracing::warn!(operators = %server.addr(), "the operators' API serves plain HTTP on an address other \
+            hosts can reach: its token travels as it is; put a TLS-terminating proxy in front of it, or \
+            listen on loopback (OPERATOR_LISTEN)");
+    }
+    Ok(server)
+}
+
+/// `billing-bin operators`: the operators' API over the ladder of
+/// BILLING_TOPIC, consuming nothing, until SIGTERM or SIGINT.
+async fn serve_operators_alone(kafka: &KafkaArgs, args: &OperatorArgs) -> Result<(), Failure> {
+    let token = args.admin_token()?.ok_or_else(|| {
+        Failure::Config("ADMIN_TOKEN or ADMIN_TOKEN_FILE is required: `operators` serves only the operators' API".into())
+    })?;
+    let policy = policy(kafka, args.max_event_age()?)?;
+    let server = serve_operators(args, token, &kafka.connection()?, &policy).await?;
+    info!(topic = %kafka.topic, dead_letters = %policy.topology().dead_letter_topic(), "serving the operators' API \
+        alone: nothing is consumed");
+    wait_for_shutdown_signal().await;
+    server.stop().await;
     info!("stopped");
     Ok(())
 }

@@ -137,10 +137,14 @@ pub(crate) fn raw_headers(headers: &Headers) -> Vec<RawHeader> {
 /// null values included), then ours as `decided`, and the headers the
 /// handler's failure attached (a name whose last value `decided` sets to
 /// another value than the record's, or that the record lacked), which
-/// replace the record's own of that name.
+/// replace the record's own of that name. Spring's retry headers that
+/// `decided` dropped (a replay starting the ladder over) are left out too.
 pub(crate) fn republished_headers(original: &[RawHeader], decided: &Headers) -> Vec<RawHeader> {
-    use retry_core::header_names::is_retry_header;
-    let ours = |name: &[u8]| std::str::from_utf8(name).is_ok_and(is_retry_header);
+    use retry_core::{header_names::is_retry_header, spring::header_names::is_spring_header};
+    let ours = |name: &[u8]| {
+        std::str::from_utf8(name)
+            .is_ok_and(|name| is_retry_header(name) || (is_spring_header(name) && decided.get(name).is_none()))
+    };
     let last_read = |name: &str| {
         original.iter().rev().find(|h| h.name == name.as_bytes() && h.value.is_some()).and_then(|h| h.value.as_deref())
     };
@@ -641,6 +645,7 @@ mod tests {
             raw(b"b", Some(b"2")),
             raw(b"null", None),
             raw(b"\xff", Some(b"bytes")),
+            raw(b"kafka_original-offset", Some(b"\0\0\0\0\0\0\0\x07")),
         ];
         let mut decided = Headers::new();
         decided.insert("b", "2"); // what core kept of the producer's: ignored here
@@ -655,7 +660,12 @@ mod tests {
             raw(b"x-retry-attempt", Some(b"2")),
             raw(b"x-error", Some(b"boom")),
         ];
-        assert_eq!(got, expected);
+        assert_eq!(got, expected, "Spring's header is dropped when the decision drops it");
+        decided.insert("kafka_original-offset", b"\0\0\0\0\0\0\0\x07".to_vec());
+        let got = republished_headers(&original, &decided);
+        let spring = raw(b"kafka_original-offset", Some(b"\0\0\0\0\0\0\0\x07"));
+        assert_eq!(got[4], spring, "and kept in its place when the decision keeps it");
+        decided.remove("kafka_original-offset");
         // What the handler's failure attached: new, or replacing the record's own.
         decided.insert("currency", "EUR");
         decided.insert("b", "3");
