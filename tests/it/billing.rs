@@ -61,7 +61,7 @@ impl Setup {
     }
 
     /// Runs a command to completion: (exit code, stdout, stderr).
-    async fn run(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    pub(crate) async fn run(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         let mut cmd = self.command(args);
         cmd.envs(env.iter().copied());
         let out = within(&format!("billing-bin {args:?}"), cmd.output()).await.expect("billing-bin runs");
@@ -112,6 +112,40 @@ impl Setup {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// `billing-bin operators`: the operators' API alone, with [`TOKEN`],
+    /// waiting until it answers.
+    pub(crate) async fn operators_alone(&self) -> Service {
+        let operators = free_addr();
+        let log = std::env::temp_dir().join(format!("{}-operators-{}.log", self.topic, Uuid::new_v4()));
+        let mut cmd = self.command(&["operators"]);
+        cmd.env("OPERATOR_LISTEN", &operators)
+            .env("ADMIN_TOKEN", TOKEN)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let child = cmd.spawn().expect("billing-bin starts");
+        let service = Service { child, admin: String::new(), operators, log };
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+        let started = Instant::now();
+        loop {
+            let listing = client.get(format!("http://{}/admin/dlq", service.operators)).bearer_auth(TOKEN).send();
+            if listing.await.is_ok_and(|r| r.status() == 200) {
+                return service;
+            }
+            if started.elapsed() > SETTLE {
+                panic!("billing-bin operators not answering within {SETTLE:?}; its log:\n{}", service.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `billing-bin dlq <args>` against `service`'s operators' API:
+    /// (exit code, stdout, stderr).
+    pub(crate) async fn dlq_cli(&self, service: &Service, args: &[&str]) -> (i32, String, String) {
+        let url = format!("http://{}", service.operators);
+        let args = [&["dlq"], args].concat();
+        self.run(&args, &[("OPERATOR_URL", url.as_str()), ("ADMIN_TOKEN", TOKEN)]).await
     }
 
     pub(crate) fn topology(&self) -> RetryTopology {
@@ -607,7 +641,7 @@ async fn metrics_count_outcomes_and_the_dead_letter_backlog_follows_the_operator
     service.stop().await;
 }
 
-const TOKEN: &str = "operators-secret-0123456789";
+pub(crate) const TOKEN: &str = "operators-secret-0123456789";
 
 /// A request to the operators' API: (status, JSON body).
 async fn call(

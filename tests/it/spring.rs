@@ -228,3 +228,79 @@ async fn springs_dlt_handler_receives_what_billing_bin_dead_letters_in_springs_s
     assert_eq!(read.error_kind, retry_core::FailureKind::Permanent);
     assert!(provider.ledger().is_empty());
 }
+
+/// Spring's dead letters, operated from here: `billing-bin operators` in
+/// the Spring style serves the operators' API over the ladder the Spring
+/// peer consumes, consuming nothing itself; `billing-bin dlq show` shows
+/// Spring's dead letters with their original coordinates, attempts and
+/// exception; `dlq replay` sends one back to Spring's source topic without
+/// Spring's retry headers (Spring would read the old attempt count), where
+/// Spring charges it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn springs_dead_letters_are_shown_and_replayed_to_spring_by_billing_bin() {
+    use crate::billing::Setup;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let setup = Setup { schedule: "1s,2s,4s", partitions: 1, style: "spring", ..Setup::new("spring-operated") };
+    // The source only: Spring creates its ladder itself.
+    create_topic(&setup.topic, 1).await;
+    let (exhausted, rejected) = (Uuid::new_v4().to_string(), Uuid::new_v4().to_string());
+    provider.script(&exhausted, Script::FailTimes { times: 4 });
+    provider.script(&rejected, Script::Reject);
+    let exhausted_at = produce(&setup.topic, 0, &exhausted, &order_event(&exhausted), &[]).await;
+    let rejected_at = produce(&setup.topic, 0, &rejected, &order_event(&rejected), &[]).await;
+    let mut peer = spring_peer(&setup.topic, &provider);
+    for _ in 0..2 {
+        peer.wait_for_line("a dead letter", Duration::from_secs(90), |l| l.starts_with("dead-letter ")).await;
+    }
+    assert!(provider.ledger().is_empty(), "nothing charged yet");
+
+    let operators = setup.operators_alone().await;
+    let (code, stdout, stderr) = setup.dlq_cli(&operators, &["show"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let page: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let messages = page["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 2, "{page}");
+    for (key, offset, attempts, error, cause) in [
+        (&exhausted, exhausted_at, 4, "503", "TransientFailure]"),
+        (&rejected, rejected_at, 1, "400", "PermanentFailure]"),
+    ] {
+        let message = messages.iter().find(|m| m["key"]["text"] == key.as_str()).expect("its dead letter");
+        let retry = &message["retry"];
+        assert_eq!(retry["original_topic"], setup.topic.as_str(), "{message}");
+        assert_eq!((retry["original_partition"].as_i64(), retry["original_offset"].as_i64()), (Some(0), Some(offset)));
+        assert_eq!(retry["attempt"], attempts, "{message}");
+        let text = retry["error"].as_str().unwrap_or_default();
+        assert!(text.contains(error) && text.ends_with(cause), "{message}");
+        assert_eq!(retry["replay_count"], 0, "{message}");
+    }
+
+    // The provider would charge the exhausted order now: replay it alone.
+    let (code, stdout, stderr) = setup.dlq_cli(&operators, &["replay", "--key", &exhausted]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let job: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((job["state"].as_str(), job["report"]["replayed"].as_u64()), (Some("succeeded"), Some(1)), "{job}");
+    peer.wait_for_line("Spring's charge", Duration::from_secs(60), |l| l.contains(&format!("charged order {exhausted}")))
+        .await;
+    let replayed = read(&setup.topic).await.into_iter().last().expect("the replayed record");
+    assert_eq!(replayed.key.as_deref(), Some(exhausted.as_bytes()));
+    assert_eq!(text(&replayed, "x-replay-count"), "1");
+    let spring: Vec<&str> = replayed
+        .headers
+        .iter()
+        .filter_map(|(n, _)| std::str::from_utf8(n).ok())
+        .filter(|n| retry_core::spring::header_names::is_spring_header(n))
+        .collect();
+    assert!(spring.is_empty(), "Spring's headers of the last pass: {spring:?}");
+
+    // What is left: the rejected order, one dead letter.
+    let (code, stdout, stderr) = setup.dlq_cli(&operators, &["list"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let listing: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(listing["topics"][0]["topic"], format!("{}-dlt", setup.topic), "{listing}");
+    assert_eq!(listing["topics"][0]["backlog"], 1, "{listing}");
+    operators.stop().await;
+    let log = peer.log();
+    peer.stop();
+    assert_eq!(provider.charges_for(&exhausted).len(), 1, "{log}");
+    assert!(provider.charges_for(&rejected).is_empty());
+}
