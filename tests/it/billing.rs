@@ -234,7 +234,7 @@ fn event(amount: &str) -> (Uuid, String) {
 /// Waits until every group of the ladder committed the end of its topic,
 /// in ladder order (records only flow down): every record on the ladder,
 /// retries included, was handled, so nothing left can charge again.
-async fn wait_drained(setup: &Setup) {
+pub(crate) async fn wait_drained(setup: &Setup) {
     let topology = setup.topology();
     let groups = LadderGroups::new(&setup.group, &topology).unwrap();
     let connection = integration::connection("kafka-retry-it");

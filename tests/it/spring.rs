@@ -14,7 +14,7 @@ use integration::{
 use retry_kafka::WrittenRecord;
 use uuid::Uuid;
 
-use crate::support::{eventually, produce, SETTLE};
+use crate::support::{committed, eventually, produce, SETTLE};
 
 /// An `OrderConfirmed` event of `order`.
 fn order_event(order: &str) -> String {
@@ -58,14 +58,19 @@ fn ours_of(record: &WrittenRecord) -> retry_core::RetryHeaders {
 /// The Spring peer on `topic` (one partition), charging through
 /// `provider`: four attempts, waiting 1, 2 and 4 s between them.
 fn spring_peer(topic: &str, provider: &FakeProvider) -> SpringPeer {
-    let group = format!("{topic}-spring");
+    spring_peer_with(topic, &format!("{topic}-spring"), provider, "1000")
+}
+
+/// The Spring peer on `topic` in consumer group `group`: four attempts,
+/// waiting `first_delay_ms`, then twice and four times as long.
+fn spring_peer_with(topic: &str, group: &str, provider: &FakeProvider, first_delay_ms: &str) -> SpringPeer {
     let url = provider.url();
     SpringPeer::start(&[
         ("PEER_TOPIC", topic),
-        ("PEER_GROUP", group.as_str()),
+        ("PEER_GROUP", group),
         ("PEER_PROVIDER_URL", url.as_str()),
         ("PEER_ATTEMPTS", "4"),
-        ("PEER_DELAY_MS", "1000"),
+        ("PEER_DELAY_MS", first_delay_ms),
         ("PEER_MULTIPLIER", "2.0"),
         ("PEER_PARTITIONS", "1"),
         ("PEER_CONCURRENCY", "1"),
@@ -279,8 +284,10 @@ async fn springs_dead_letters_are_shown_and_replayed_to_spring_by_billing_bin() 
     assert_eq!(code, 0, "{stderr}");
     let job: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!((job["state"].as_str(), job["report"]["replayed"].as_u64()), (Some("succeeded"), Some(1)), "{job}");
-    peer.wait_for_line("Spring's charge", Duration::from_secs(60), |l| l.contains(&format!("charged order {exhausted}")))
-        .await;
+    peer.wait_for_line("Spring's charge", Duration::from_secs(60), |l| {
+        l.contains(&format!("charged order {exhausted}"))
+    })
+    .await;
     let replayed = read(&setup.topic).await.into_iter().last().expect("the replayed record");
     assert_eq!(replayed.key.as_deref(), Some(exhausted.as_bytes()));
     assert_eq!(text(&replayed, "x-replay-count"), "1");
@@ -303,4 +310,77 @@ async fn springs_dead_letters_are_shown_and_replayed_to_spring_by_billing_bin() 
     peer.stop();
     assert_eq!(provider.charges_for(&exhausted).len(), 1, "{log}");
     assert!(provider.charges_for(&rejected).is_empty());
+}
+
+/// A listener migrated from Spring to billing-bin mid-stream: the Spring
+/// peer is stopped (SIGTERM) while orders wait on its first rung, and
+/// billing-bin, in the Spring style on the same topics and consumer group,
+/// takes the ladder over where Spring's groups stand. Every order is
+/// charged exactly once, with one request per scripted failure and one
+/// more (nothing handled twice, nothing skipped), and none is tried before
+/// the due time written on the rung it waited on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_migrated_from_spring_mid_stream_charges_each_order_once_when_due() {
+    use crate::billing::{wait_drained, Setup};
+    let provider = FakeProvider::start(Faults::default()).await;
+    let mut setup = Setup { schedule: "5s,10s,20s", partitions: 1, style: "spring", ..Setup::new("spring-migrated") };
+    setup.group = format!("{}-spring", setup.topic);
+    // The source only: Spring creates its ladder itself.
+    create_topic(&setup.topic, 1).await;
+    // Charged at once, after one, two and three failures; then one declined.
+    let orders: Vec<(String, u32)> = (0..4).map(|failures| (Uuid::new_v4().to_string(), failures)).collect();
+    for (order, failures) in &orders {
+        provider.script(order, Script::FailTimes { times: *failures });
+        produce(&setup.topic, 0, order, &order_event(order), &[]).await;
+    }
+    let declined = Uuid::new_v4().to_string();
+    provider.script(&declined, Script::Reject);
+    produce(&setup.topic, 0, &declined, &order_event(&declined), &[]).await;
+
+    let mut peer = spring_peer_with(&setup.topic, &setup.group, &provider, "5000");
+    // Spring handles the source in order and publishes synchronously: when
+    // the last order is dead-lettered, the others wait on the first rung.
+    peer.wait_for_line("the declined order's dead letter", Duration::from_secs(90), |l| l.starts_with("dead-letter "))
+        .await;
+    let spring_log = peer.terminate().await;
+    let first_rung = format!("{}-retry-5000", setup.topic);
+    let rung_group = format!("{}-retry-5000", setup.group);
+    let connection = integration::connection("kafka-retry-it");
+    let left = committed(&connection, &rung_group, &first_rung, 1).await[&0].unwrap_or(0);
+    assert!(left < 3, "Spring left no order waiting on {first_rung} (its group stands at {left}): nothing to migrate");
+
+    let service = setup.start(&provider).await;
+    for (order, _) in &orders {
+        eventually(&format!("order {order} charged"), Duration::from_secs(90), || async {
+            (!provider.charges_for(order).is_empty()).then_some(())
+        })
+        .await;
+    }
+    wait_drained(&setup).await;
+    let log = service.log();
+    service.stop().await;
+    for (order, failures) in &orders {
+        let charges = provider.charges_for(order);
+        assert_eq!(charges.len(), 1, "{order}: {charges:?}\n{log}");
+        let arrivals = provider.arrivals(order);
+        assert_eq!(
+            charges[0].requests,
+            failures + 1,
+            "{order}: one request per failure, one that charged; they came at {arrivals:?}\n\
+             Spring's log:\n{spring_log}\nbilling-bin's log:\n{log}"
+        );
+        // The request after each hop came when the hop said it was due.
+        for (hop, delay) in ["5000", "10000", "20000"].into_iter().take(*failures as usize).enumerate() {
+            let rung = read(&format!("{}-retry-{delay}", setup.topic)).await;
+            let record = rung.iter().find(|r| r.key.as_deref() == Some(order.as_bytes())).expect("its hop");
+            let due = big_endian(record.header("retry_topic-backoff-timestamp").flatten().expect("a due time"));
+            assert!(
+                arrivals[hop + 1] >= due,
+                "{order}: attempt {} at {} before its due time {due}",
+                hop + 2,
+                arrivals[hop + 1]
+            );
+        }
+    }
+    assert!(provider.charges_for(&declined).is_empty());
 }

@@ -274,6 +274,12 @@ impl FakeProvider {
         self.ledger().into_iter().filter(|c| c.order_id == order_id).collect()
     }
 
+    /// When each request for `order_id` arrived, in ms since the epoch (the
+    /// wall clock: comparable with the due times records carry).
+    pub fn arrivals(&self, order_id: &str) -> Vec<i64> {
+        self.shared.books().arrivals_by_order.get(order_id).cloned().unwrap_or_default()
+    }
+
     /// How many requests were answered with each status.
     pub fn requests(&self) -> BTreeMap<u16, u64> {
         self.shared.books().statuses.clone()
@@ -328,6 +334,8 @@ struct Books {
     requests_by_key: HashMap<String, u32>,
     /// Requests per order: the attempt number that random faults go by.
     requests_by_order: HashMap<String, u32>,
+    /// When each request for an order arrived, in ms since the epoch.
+    arrivals_by_order: HashMap<String, Vec<i64>>,
     scripts: HashMap<String, Script>,
     statuses: BTreeMap<u16, u64>,
 }
@@ -498,6 +506,8 @@ fn book(
         *n += 1;
         *n
     };
+    let arrived = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    books.arrivals_by_order.entry(request.order_id.clone()).or_default().push(arrived.as_millis() as i64);
     let processing = books.fault(faults, &request.order_id, attempt)?;
 
     let now = Instant::now();

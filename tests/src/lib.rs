@@ -978,6 +978,24 @@ impl SpringPeer {
     pub fn stop(self) {
         drop(self);
     }
+
+    /// Stops it as an orchestrator would (SIGTERM), waiting up to 60 s for
+    /// it to end; fails the test, with its log, when it does not. Returns
+    /// what it printed.
+    pub async fn terminate(mut self) -> String {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) => return self.log(),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                _ => panic!("the Spring peer did not stop within 60 s of SIGTERM; it logged:\n{}", self.log()),
+            }
+        }
+    }
 }
 
 impl Drop for SpringPeer {

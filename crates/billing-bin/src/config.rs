@@ -343,7 +343,6 @@ impl OperatorArgs {
             ))),
         }
     }
-
 }
 
 /// Settings of the running service.

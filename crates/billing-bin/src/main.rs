@@ -178,7 +178,9 @@ async fn serve_operators(
 /// BILLING_TOPIC, consuming nothing, until SIGTERM or SIGINT.
 async fn serve_operators_alone(kafka: &KafkaArgs, args: &OperatorArgs) -> Result<(), Failure> {
     let token = args.admin_token()?.ok_or_else(|| {
-        Failure::Config("ADMIN_TOKEN or ADMIN_TOKEN_FILE is required: `operators` serves only the operators' API".into())
+        Failure::Config(
+            "ADMIN_TOKEN or ADMIN_TOKEN_FILE is required: `operators` serves only the operators' API".into(),
+        )
     })?;
     let policy = policy(kafka, args.max_event_age()?)?;
     let server = serve_operators(args, token, &kafka.connection()?, &policy).await?;

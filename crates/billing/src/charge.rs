@@ -313,9 +313,13 @@ impl RecordHandler for ChargeHandler {
 }
 
 /// The idempotency key and the resolved currency a record's charge uses:
-/// what an earlier attempt carried in its headers, else the order id (an
-/// event id for a record that failed before without them: an earlier
-/// version's key) and no currency (the event's own or the default).
+/// what an earlier attempt carried in its headers, else the order id (the
+/// event id for a record on our ladder without them: an earlier version's
+/// key) and no currency (the event's own or the default). A record replayed
+/// to the source carries no retry headers; without a carried key it is
+/// charged under the order id, as Spring's listener charged it. (A dead
+/// letter of the version that keyed by event id keeps its key when
+/// replayed to the first retry topic, which writes our retry headers.)
 /// Headers that cannot be read are a permanent failure: charging under
 /// another key or currency than the first attempt could charge twice.
 fn terms_of(event: &OrderConfirmedEvent, record: &ConsumedRecord) -> Result<(String, Option<Currency>)> {
@@ -330,10 +334,14 @@ fn terms_of(event: &OrderConfirmedEvent, record: &ConsumedRecord) -> Result<(Str
             })
             .transpose()
     };
-    let failed_before = record.attempt > 1 || record.headers.get(retry_core::header_names::REPLAY_COUNT).is_some();
+    // Our retry headers without a carried key: attempts of a version that
+    // keyed charges by event id. Spring Kafka's retry headers without one:
+    // attempts of the Spring listener this service takes over, which keys
+    // them by order id, as this version does.
+    let failed_under_event_id_keys = record.headers.get(retry_core::header_names::ATTEMPT).is_some();
     let key = match text(IDEMPOTENCY_KEY_HEADER)? {
         Some(key) => key.to_owned(),
-        None if failed_before => event.event_id.to_string(),
+        None if failed_under_event_id_keys => event.event_id.to_string(),
         None => event.order_id.to_string(),
     };
     let currency = text(CURRENCY_HEADER)?

@@ -479,9 +479,10 @@ async fn a_conflict_confirmed_slowly_fits_in_the_time_a_call_needs() {
 /// One order, one charge: the key is the order id, so a second event for
 /// the same order is a conflict the provider confirms, not a new charge. A
 /// failure carries the key and currency its attempt used; later attempts
-/// use them, whatever the defaults are by then; a record that failed before
-/// without them (an earlier version) keeps its event id as key; carried
-/// headers that cannot be read charge nothing.
+/// use them, whatever the defaults are by then; a record on our ladder
+/// without them (an earlier version) keeps its event id as key, one on
+/// Spring's the order id Spring charged under; carried headers that cannot
+/// be read charge nothing.
 #[tokio::test]
 async fn later_attempts_charge_under_the_first_attempt_s_key_and_currency() {
     const OTHER_EVENT: &str = "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f";
@@ -505,8 +506,9 @@ async fn later_attempts_charge_under_the_first_attempt_s_key_and_currency() {
             ORDER_ID,
             "USD",
         ),
-        ("a rung, from before the order-id key", with(&first, 3, &[]), EVENT_ID, "EUR"),
-        ("a replay, from before", with(&first, 1, &[("x-replay-count", "1")]), EVENT_ID, "EUR"),
+        ("a rung, from before the order-id key", with(&first, 3, &[("x-retry-attempt", "2")]), EVENT_ID, "EUR"),
+        ("a rung of Spring's", with(&first, 2, &[("kafka_original-topic", "orders")]), ORDER_ID, "EUR"),
+        ("a replay without a carried key", with(&first, 1, &[("x-replay-count", "1")]), ORDER_ID, "EUR"),
         (
             "a replay, as carried",
             with(&first, 1, &[("x-replay-count", "1"), ("billing-idempotency-key", ORDER_ID)]),
