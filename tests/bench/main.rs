@@ -18,6 +18,9 @@
 //!   rate is timed from the first handled record (the group joins before it
 //!   are reported apart, as `join_ms`).
 //!
+//! - `orders <topic> <partitions> <records>`: `OrderConfirmed` events,
+//!   keyed by order id, into the source topic (created when missing), for
+//!   the billing services of `cargo xtask bench --peer spring`;
 //! - `create <topic> <partitions> 0`: the ladder's topics, for a foreign
 //!   producer to fill;
 //! - `fetch <topic> <partitions> <records>`: rskafka's fetch of what is
@@ -83,6 +86,7 @@ async fn main() {
             pipeline(&topic, partitions, records, failure_percent, latency, max_in_flight, calls).await
         }
         "probe" => probe(&topic, partitions, records as i32).await,
+        "orders" => orders(&topic, partitions, records).await,
         // The ladder's topics, for a foreign producer to fill.
         "create" => {
             TopicPlan::new(topology(&topic), partitions).create(&connection(), true).await.expect("create topics");
@@ -148,6 +152,57 @@ async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize) 
     let fetch = fetch_all(topic, partitions, per_partition).await;
     let total = per_partition * partitions as usize;
     format!("produce_per_s={:.0} fetch_per_s={:.0}", rate(total, produce), rate(total, fetch))
+}
+
+/// Fills `topic` (created when missing) with `records` `OrderConfirmed`
+/// events spread evenly over its partitions, each keyed by its order id and
+/// stamped now (inside any idempotency window). Returns produce throughput.
+async fn orders(topic: &str, partitions: i32, records: usize) -> String {
+    let client = rskafka_client().await;
+    let controller = client.controller_client().expect("a controller client");
+    match controller.create_topic(topic, partitions, 1, 10_000).await {
+        Ok(()) | Err(rskafka::client::error::Error::ServerError { .. }) => {}
+        Err(e) => panic!("cannot create {topic}: {e}"),
+    }
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for p in 0..partitions {
+        let pc = client.partition_client(topic, p, UnknownTopicHandling::Retry).await.unwrap();
+        // Exactly `records`: the first partitions take the remainder.
+        let share = records / partitions as usize + usize::from((p as usize) < records % partitions as usize);
+        tasks.push(tokio::spawn(async move {
+            let mut sent = 0;
+            while sent < share {
+                let n = PRODUCE_BATCH.min(share - sent);
+                let batch: Vec<Record> = (0..n)
+                    .map(|_| {
+                        let order = uuid::Uuid::new_v4();
+                        let event = format!(
+                            r#"{{"event_id":"{}","order_id":"{order}","customer_id":"{}","total_amount":"120.50"}}"#,
+                            uuid::Uuid::new_v4(),
+                            uuid::Uuid::new_v4()
+                        );
+                        Record {
+                            key: Some(order.to_string().into_bytes()),
+                            value: Some(event.into_bytes()),
+                            headers: Default::default(),
+                            timestamp: Utc.timestamp_millis_opt(now_ms()).unwrap(),
+                        }
+                    })
+                    .collect();
+                pc.produce(batch, Compression::NoCompression).await.unwrap();
+                sent += n;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    format!("produce_per_s={:.0}", rate(records, started.elapsed()))
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 /// How long rskafka takes to fetch `per_partition` records of each partition.

@@ -16,7 +16,7 @@ use clap::Parser;
 use integration::fake_provider::{FakeProvider, Faults};
 
 /// A fake billing provider: `POST /charges`, `GET /charges/{key}`,
-/// `GET /ledger`, `GET /requests`, `PUT /script/{order_id}`.
+/// `GET /ledger`, `GET /requests`, `GET /arrivals`, `PUT /script/{order_id}`.
 #[derive(Parser)]
 #[command(name = "fake-provider")]
 struct Args {

@@ -97,6 +97,8 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("sasl::a_wrong_password_is_refused_naming_broker_user_and_mechanism", &[Need::Sasl]),
     ("sasl::billing_bin_with_a_wrong_password_exits_1_without_showing_it", &[Need::Sasl]),
     ("sasl::sessions_are_renewed_on_the_same_connection", &[Need::ApacheKafka, Need::Sasl]),
+    ("spring::a_listener_migrated_from_spring_mid_stream_charges_each_order_once_when_due", &[Need::ApacheKafka]),
+    ("spring::springs_dead_letters_are_shown_and_replayed_to_spring_by_billing_bin", &[Need::ApacheKafka]),
     ("spring::springs_dlt_handler_receives_what_billing_bin_dead_letters_in_springs_style", &[Need::ApacheKafka]),
     ("spring::the_spring_peer_retries_and_dead_letters_as_spring_writes_it", &[Need::ApacheKafka]),
     ("tls::a_broker_signed_by_an_untrusted_ca_is_refused", &[Need::Tls]),

@@ -223,6 +223,7 @@ impl FakeProvider {
             .route("/charges/{key}", get(charge_status))
             .route("/ledger", get(ledger))
             .route("/requests", get(requests))
+            .route("/arrivals", get(arrivals))
             .route("/script/{order_id}", put(script))
             .with_state(shared.clone());
         let mut shutdown = shared.shutdown.subscribe();
@@ -591,6 +592,13 @@ async fn ledger(State(shared): State<Arc<Shared>>) -> Json<Vec<Charge>> {
 
 async fn requests(State(shared): State<Arc<Shared>>) -> Json<BTreeMap<u16, u64>> {
     Json(shared.books().statuses.clone())
+}
+
+/// `GET /arrivals`: when each request for an order that was asked more
+/// than once arrived, in ms since the epoch: how late retries came.
+async fn arrivals(State(shared): State<Arc<Shared>>) -> Json<BTreeMap<String, Vec<i64>>> {
+    let books = shared.books();
+    Json(books.arrivals_by_order.iter().filter(|(_, a)| a.len() > 1).map(|(o, a)| (o.clone(), a.clone())).collect())
 }
 
 async fn script(State(shared): State<Arc<Shared>>, Path(order_id): Path<String>, body: Bytes) -> Answer {

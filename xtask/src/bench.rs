@@ -33,6 +33,20 @@ pub(crate) struct BenchArgs {
     /// Only the codec scenarios on Apache Kafka (and librdkafka's row).
     #[arg(long)]
     codecs_only: bool,
+    /// Instead, billing-bin side by side with a peer: `spring` (Spring
+    /// Kafka's @RetryableTopic, `tests/peers/spring`) on Apache Kafka.
+    #[arg(long, value_enum)]
+    peer: Option<Peer>,
+    /// Orders of each side-by-side scenario.
+    #[arg(long, default_value_t = 20_000)]
+    orders: usize,
+}
+
+/// The peers billing-bin is measured beside.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub(crate) enum Peer {
+    /// Spring Kafka's @RetryableTopic.
+    Spring,
 }
 
 pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
@@ -47,6 +61,9 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         "bench",
     ]))?;
     let binary = workspace_root().join("target/release/bench");
+    if let Some(Peer::Spring) = args.peer {
+        return crate::side_by_side::spring(&binary, args.orders, args.partitions);
+    }
     if !args.codecs_only {
         let run_id = std::process::id();
         // A fresh broker per scenario (tansu's storage slows down as it

@@ -19,6 +19,7 @@ mod paths;
 mod probe;
 mod process;
 mod python;
+mod side_by_side;
 mod spring;
 mod tls;
 

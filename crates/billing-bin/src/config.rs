@@ -259,7 +259,8 @@ impl KafkaArgs {
 /// what `run` and `operators` share.
 #[derive(Args, Clone)]
 pub(crate) struct OperatorArgs {
-    /// The consumer group of the source topic; rung `n` uses `<group>.retry-<label>`.
+    /// The consumer group of the source topic; each rung's is named after
+    /// it: `<group>.retry-5s`, or `<group>-retry-5000` in the Spring style.
     #[arg(long, env = "BILLING_GROUP_ID", default_value = "billing-order-confirmed")]
     pub(crate) group_id: String,
     /// How long the provider remembers an idempotency key (e.g. 24h): an
