@@ -29,6 +29,9 @@ pub struct OperationsOperators;
 #[doc = include_str!("../../docs/operations/managed-clusters.md")]
 pub struct OperationsManagedClusters;
 
+#[doc = include_str!("../../docs/operations/spring.md")]
+pub struct OperationsSpring;
+
 #[doc = include_str!("../../docs/contributing/tests.md")]
 pub struct ContributingTests;
 
