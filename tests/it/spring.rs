@@ -277,6 +277,12 @@ async fn springs_dead_letters_are_shown_and_replayed_to_spring_by_billing_bin() 
         let text = retry["error"].as_str().unwrap_or_default();
         assert!(text.contains(error) && text.ends_with(cause), "{message}");
         assert_eq!(retry["replay_count"], 0, "{message}");
+        // Every header in order, Spring's binary ones in base64.
+        let headers = message["headers"].as_array().expect("headers");
+        let all = |name: &str| headers.iter().filter(|h| h["name"] == name).collect::<Vec<_>>();
+        assert_eq!(all("kafka_original-partition")[0]["base64"], "AAAAAA==", "{message}");
+        assert_eq!(all("kafka_original-topic")[0]["text"], setup.topic.as_str(), "{message}");
+        assert_eq!(all("retry_topic-attempts").len(), attempts as usize, "one per hop: {message}");
     }
 
     // The provider would charge the exhausted order now: replay it alone.

@@ -176,8 +176,38 @@ pub(crate) struct Message {
     pub(crate) payload: Option<Content>,
     /// Its retry headers, decoded.
     pub(crate) retry: RetryInfo,
-    /// Every header, as text (invalid UTF-8 replaced).
-    pub(crate) headers: BTreeMap<String, String>,
+    /// Every header, in order, repeated names included (Spring appends a
+    /// value at every hop).
+    pub(crate) headers: Vec<Header>,
+}
+
+/// One header of a record: text when it is readable, else base64.
+#[derive(Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// Its name.
+    pub(crate) name: String,
+    /// Its value, when it is UTF-8 without control characters (tabs and
+    /// line breaks aside).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) text: Option<String>,
+    /// Its value in base64 otherwise (the binary integers Spring Kafka
+    /// writes, for one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) base64: Option<String>,
+}
+
+impl Header {
+    pub(crate) fn of(name: &str, value: &[u8]) -> Header {
+        let readable = |t: &str| !t.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'));
+        match std::str::from_utf8(value) {
+            Ok(text) if readable(text) => Header { name: name.to_owned(), text: Some(text.to_owned()), base64: None },
+            _ => Header {
+                name: name.to_owned(),
+                text: None,
+                base64: Some(base64::engine::general_purpose::STANDARD.encode(value)),
+            },
+        }
+    }
 }
 
 impl Message {
@@ -205,7 +235,7 @@ impl Message {
             key: Content::of(&d.key),
             payload: Content::of(&d.value),
             retry,
-            headers: d.headers.iter().map(|(k, v)| (k.to_owned(), String::from_utf8_lossy(v).into_owned())).collect(),
+            headers: d.headers.iter().map(|(k, v)| Header::of(k, v)).collect(),
         }
     }
 }

@@ -34,6 +34,7 @@ use super::{api, handlers};
         api::MessagesPage,
         api::Message,
         api::Content,
+        api::Header,
         api::RetryInfo,
         api::ReplayBody,
         api::ReplayJob,

@@ -458,3 +458,21 @@ fn a_request_cut_off_by_the_deadline_is_audited_with_its_peer() {
     assert!(line.contains("status=503") && line.contains("cut off"), "{line}");
     assert!(line.contains("peer=Some(\"127.0.0.1:"), "{line}");
 }
+
+/// Headers are shown as text only when they read as text: Spring's binary
+/// integers (valid UTF-8 made of control characters) are base64.
+#[test]
+fn headers_are_text_when_readable_and_base64_otherwise() {
+    use super::api::Header;
+    let check = |value: &[u8], text: Option<&str>, base64: Option<&str>| {
+        let expected = Header { name: "h".into(), text: text.map(str::to_owned), base64: base64.map(str::to_owned) };
+        assert_eq!(Header::of("h", value), expected, "{value:?}");
+    };
+    check(b"orders.confirmed", Some("orders.confirmed"), None);
+    check(b"at Foo.bar\n\tat Baz.qux\r\n", Some("at Foo.bar\n\tat Baz.qux\r\n"), None);
+    check(b"", Some(""), None);
+    check(&2i32.to_be_bytes(), None, Some("AAAAAg=="));
+    check(b"\xff\xfe", None, Some("//4="));
+    check("<script>é</script>".as_bytes(), Some("<script>é</script>"), None);
+    check(b"line\x1b[31m", None, Some("bGluZRtbMzFt"));
+}
