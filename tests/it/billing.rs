@@ -117,11 +117,17 @@ impl Setup {
     /// `billing-bin operators`: the operators' API alone, with [`TOKEN`],
     /// waiting until it answers.
     pub(crate) async fn operators_alone(&self) -> Service {
+        self.operators_alone_with(&[]).await
+    }
+
+    /// The same, with more environment.
+    async fn operators_alone_with(&self, env: &[(&str, &str)]) -> Service {
         let operators = free_addr();
         let log = std::env::temp_dir().join(format!("{}-operators-{}.log", self.topic, Uuid::new_v4()));
         let mut cmd = self.command(&["operators"]);
         cmd.env("OPERATOR_LISTEN", &operators)
             .env("ADMIN_TOKEN", TOKEN)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
         let child = cmd.spawn().expect("billing-bin starts");
@@ -956,6 +962,44 @@ fn operator_sockets(pid: u32, port: u16) -> usize {
                 .collect::<Vec<_>>()
         })
         .count()
+}
+
+/// The operators' API answers on the connections it has: asked again and
+/// again, `billing-bin operators` connects to no broker anew (it used to
+/// connect to every dead-letter partition's leader for each answer, and
+/// for each poll of the backlog gauge: a handshake per partition each
+/// time). Connections are counted in its log, where each one is reported
+/// (rskafka's and ours), since one made and closed within a request leaves
+/// no socket behind to see.
+#[tokio::test]
+async fn the_operators_api_answers_again_on_the_connections_it_has() {
+    use reqwest::Method;
+    let setup = Setup { partitions: 3, ..Setup::new("billing-operators-connections") };
+    setup.create_topics().await;
+    produce(&setup.dlq(), 1, "k", "a dead letter", &[]).await;
+    let log_filter = "info,rskafka=info,retry_kafka::protocol::wire=debug";
+    let service = setup.operators_alone_with(&[("RUST_LOG", log_filter)]).await;
+    let connections = || {
+        let log = service.log();
+        log.lines().filter(|l| l.contains("Establishing new connection") || l.contains("connected to a broker")).count()
+    };
+    let dlq = setup.dlq();
+    let ask = || async {
+        for path in ["/admin/dlq".to_owned(), format!("/admin/dlq/{dlq}/messages?limit=10")] {
+            let (status, answer) = call(&service, Method::GET, &path, Some(TOKEN), None).await;
+            assert_eq!(status, 200, "{path}: {answer}");
+        }
+    };
+    // Every partition's leader connected once...
+    ask().await;
+    let connected = connections();
+    assert!(connected > 0, "no connection reported; its log:\n{}", service.log());
+    // ...and no more.
+    for _ in 0..5 {
+        ask().await;
+    }
+    assert_eq!(connections(), connected, "connections made again; its log:\n{}", service.log());
+    service.stop().await;
 }
 
 #[tokio::test]

@@ -274,6 +274,12 @@ pub struct DeadLetterAdmin {
     /// Whether the broker keeps offset-commit metadata, where records
     /// handled out of order are recorded; learnt when first needed.
     keeps_metadata: tokio::sync::OnceCell<bool>,
+    /// Each partition's client (offsets) and reader (fetches), kept: one
+    /// connection to its leader for every poll of the backlog and every
+    /// operators' request, not a handshake each (both find a moved leader
+    /// again themselves).
+    partition_clients: Mutex<BTreeMap<i32, Arc<PartitionClient>>>,
+    readers: Mutex<BTreeMap<i32, Arc<Mutex<PartitionReader>>>>,
 }
 
 /// The most bytes read per fetch while browsing or replaying.
@@ -439,6 +445,8 @@ impl DeadLetterAdmin {
             instance: instance_name(),
             page_bytes: FETCH_BYTES,
             keeps_metadata: tokio::sync::OnceCell::new(),
+            partition_clients: Mutex::default(),
+            readers: Mutex::default(),
         }
     }
 
@@ -478,8 +486,15 @@ impl DeadLetterAdmin {
         self.policy.topology().dead_letter_topic().as_str()
     }
 
-    async fn partition(&self, partition: i32) -> Result<PartitionClient> {
-        self.cluster.partition_client(self.topic(), partition, UnknownTopicHandling::Error).await
+    async fn partition(&self, partition: i32) -> Result<Arc<PartitionClient>> {
+        let mut clients = self.partition_clients.lock().await;
+        if let Some(client) = clients.get(&partition) {
+            return Ok(client.clone());
+        }
+        let client =
+            Arc::new(self.cluster.partition_client(self.topic(), partition, UnknownTopicHandling::Error).await?);
+        clients.insert(partition, client.clone());
+        Ok(client)
     }
 
     /// Every partition's offsets and backlog.
@@ -566,13 +581,20 @@ impl DeadLetterAdmin {
     /// One fetch of `partition` from `from`, at most `max_bytes`: what it
     /// read, in order.
     async fn fetch(&self, partition: i32, from: i64, max_bytes: i32) -> Result<Vec<Read>> {
-        let mut reader = PartitionReader::new(
-            &self.connection,
-            self.topic(),
-            partition,
-            crate::IsolationLevel::ReadUncommitted,
-            MAX_PAGE_BYTES as usize * 4,
-        );
+        let reader = {
+            let mut readers = self.readers.lock().await;
+            let reader = readers.entry(partition).or_insert_with(|| {
+                Arc::new(Mutex::new(PartitionReader::new(
+                    &self.connection,
+                    self.topic(),
+                    partition,
+                    crate::IsolationLevel::ReadUncommitted,
+                    MAX_PAGE_BYTES as usize * 4,
+                )))
+            });
+            reader.clone()
+        };
+        let mut reader = reader.lock().await;
         let fetched = reader.fetch(from, max_bytes, std::time::Duration::ZERO).await.map_err(|e| match e {
             FetchError::OutOfRange => Error::Broker {
                 api: "Fetch",

@@ -144,6 +144,7 @@ impl Connection {
         if let Some(credentials) = config.security.sasl() {
             conn.authenticate(credentials).await?;
         }
+        tracing::debug!(broker = addr, "connected to a broker");
         Ok(conn)
     }
 
