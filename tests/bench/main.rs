@@ -161,7 +161,11 @@ async fn orders(topic: &str, partitions: i32, records: usize) -> String {
     let client = rskafka_client().await;
     let controller = client.controller_client().expect("a controller client");
     match controller.create_topic(topic, partitions, 1, 10_000).await {
-        Ok(()) | Err(rskafka::client::error::Error::ServerError { .. }) => {}
+        Ok(())
+        | Err(rskafka::client::error::Error::ServerError {
+            protocol_error: rskafka::client::error::ProtocolError::TopicAlreadyExists,
+            ..
+        }) => {}
         Err(e) => panic!("cannot create {topic}: {e}"),
     }
     let started = Instant::now();

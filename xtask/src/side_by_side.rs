@@ -23,7 +23,7 @@ use crate::{
     broker::{Broker, Implementation, Kind},
     env::BROKERS_ENV,
     paths::{cargo, workspace_root},
-    process::run,
+    process::{run, tail},
 };
 
 /// The ladder both services use: its first rung's delay is what a retry
@@ -220,10 +220,10 @@ impl Provider {
                 return Ok((first.unwrap_or(now), now));
             }
             if let Some(status) = service.try_wait()? {
-                bail!("the service ended ({status}) with {charged} orders charged; its log:\n{}", tail(log));
+                bail!("the service ended ({status}) with {charged} orders charged; its log:\n{}", tail(log, 40));
             }
             if started.elapsed() > SCENARIO_LIMIT {
-                bail!("{charged} of {orders} orders charged after {SCENARIO_LIMIT:?}; its log:\n{}", tail(log));
+                bail!("{charged} of {orders} orders charged after {SCENARIO_LIMIT:?}; its log:\n{}", tail(log, 40));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -280,10 +280,6 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
-}
-
-fn tail(log: &Path) -> String {
-    crate::process::tail(log, 40)
 }
 
 fn print_table(rows: &[(u64, u8, Vec<Run>)], orders: usize, partitions: i32) {

@@ -96,6 +96,7 @@ use header_names as names;
 /// // `insert` replaces, so a hop never leaves two attempt counts behind.
 /// headers.insert("x-retry-attempt", "2");
 /// assert_eq!((headers.get("x-retry-attempt"), headers.len()), (Some(&b"2"[..]), 2));
+/// headers.insert("kafka_original-topic", "orders");
 /// let producers = headers.without_retry_headers();
 /// assert_eq!(producers.iter().collect::<Vec<_>>(), [("traceparent", &b"00-abc-01"[..])]);
 /// ```
@@ -140,9 +141,11 @@ impl Headers {
         self.0.is_empty()
     }
 
-    /// The producer's headers: these headers without ours.
+    /// The producer's headers: these headers without ours and without
+    /// Spring Kafka's retry and dead-letter headers.
     pub fn without_retry_headers(&self) -> Headers {
-        Headers(self.0.iter().filter(|(k, _)| !names::is_retry_header(k)).cloned().collect())
+        let producers = |k: &str| !names::is_retry_header(k) && !spring::header_names::is_spring_header(k);
+        Headers(self.0.iter().filter(|(k, _)| producers(k)).cloned().collect())
     }
 }
 
@@ -855,10 +858,7 @@ mod tests {
         #[test]
         fn spring_style_round_trip(h in retry_headers(), foreign in foreign_headers()) {
             let h = RetryHeaders { attempt: h.attempt % (i32::MAX as u32 - 1) + 1, ..h };
-            let foreign: Headers = foreign
-                .into_iter()
-                .filter(|(k, _)| !names::is_retry_header(k) && !crate::spring::header_names::is_spring_header(k))
-                .collect();
+            let foreign = Headers(foreign).without_retry_headers();
             let mut headers = foreign.clone();
             h.encode_as(&mut headers, HeaderStyle::Spring);
             prop_assert!(headers.iter().all(|(k, _)| k != names::ATTEMPT));

@@ -187,11 +187,7 @@ impl RetryPolicy {
         let overridden = guards.max_age.is_none().then_some(now);
         // Spring's retry headers go too: Spring would read a replayed
         // record's old attempt count and send it on down its ladder.
-        let mut out: Headers = headers
-            .iter()
-            .filter(|(k, _)| !names::is_retry_header(k) && !crate::spring::header_names::is_spring_header(k))
-            .map(|(k, v)| (k.to_owned(), v.to_vec()))
-            .collect();
+        let mut out = headers.without_retry_headers();
         match target {
             ReplayTarget::Source => {
                 out.insert(names::REPLAY_COUNT, count.to_string());

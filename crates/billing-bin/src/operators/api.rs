@@ -124,11 +124,15 @@ pub(crate) struct Content {
 
 impl Content {
     fn of(bytes: &Option<Bytes>) -> Option<Content> {
-        let bytes = bytes.as_ref()?;
-        Some(match std::str::from_utf8(bytes) {
-            Ok(text) => Content { text: Some(text.to_owned()), base64: None },
-            Err(_) => Content { text: None, base64: Some(base64::engine::general_purpose::STANDARD.encode(bytes)) },
-        })
+        Some(Content::encoded(bytes.as_ref()?, |_| true))
+    }
+
+    /// Text when `bytes` are UTF-8 that `readable` accepts, else base64.
+    fn encoded(bytes: &[u8], readable: impl Fn(&str) -> bool) -> Content {
+        match std::str::from_utf8(bytes) {
+            Ok(text) if readable(text) => Content { text: Some(text.to_owned()), base64: None },
+            _ => Content { text: None, base64: Some(base64::engine::general_purpose::STANDARD.encode(bytes)) },
+        }
     }
 }
 
@@ -181,32 +185,22 @@ pub(crate) struct Message {
     pub(crate) headers: Vec<Header>,
 }
 
-/// One header of a record: text when it is readable, else base64.
+/// One header of a record: its value as text when it is UTF-8 without
+/// control characters (tabs and line breaks aside), else base64 (the
+/// binary integers Spring Kafka writes, for one).
 #[derive(Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 pub(crate) struct Header {
     /// Its name.
     pub(crate) name: String,
-    /// Its value, when it is UTF-8 without control characters (tabs and
-    /// line breaks aside).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) text: Option<String>,
-    /// Its value in base64 otherwise (the binary integers Spring Kafka
-    /// writes, for one).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) base64: Option<String>,
+    /// Its value.
+    #[serde(flatten)]
+    pub(crate) value: Content,
 }
 
 impl Header {
     pub(crate) fn of(name: &str, value: &[u8]) -> Header {
         let readable = |t: &str| !t.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'));
-        match std::str::from_utf8(value) {
-            Ok(text) if readable(text) => Header { name: name.to_owned(), text: Some(text.to_owned()), base64: None },
-            _ => Header {
-                name: name.to_owned(),
-                text: None,
-                base64: Some(base64::engine::general_purpose::STANDARD.encode(value)),
-            },
-        }
+        Header { name: name.to_owned(), value: Content::encoded(value, readable) }
     }
 }
 

@@ -463,10 +463,13 @@ fn a_request_cut_off_by_the_deadline_is_audited_with_its_peer() {
 /// integers (valid UTF-8 made of control characters) are base64.
 #[test]
 fn headers_are_text_when_readable_and_base64_otherwise() {
-    use super::api::Header;
+    use super::api::{Content, Header};
     let check = |value: &[u8], text: Option<&str>, base64: Option<&str>| {
-        let expected = Header { name: "h".into(), text: text.map(str::to_owned), base64: base64.map(str::to_owned) };
-        assert_eq!(Header::of("h", value), expected, "{value:?}");
+        let value_as = Content { text: text.map(str::to_owned), base64: base64.map(str::to_owned) };
+        assert_eq!(Header::of("h", value), Header { name: "h".into(), value: value_as }, "{value:?}");
+        // Flat in JSON: the name beside the text or base64.
+        let json = serde_json::to_value(Header::of("h", value)).unwrap();
+        assert_eq!(json.as_object().unwrap().len(), 2, "{json}");
     };
     check(b"orders.confirmed", Some("orders.confirmed"), None);
     check(b"at Foo.bar\n\tat Baz.qux\r\n", Some("at Foo.bar\n\tat Baz.qux\r\n"), None);
