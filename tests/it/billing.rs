@@ -1144,11 +1144,12 @@ mod faults {
         let client = integration::rskafka_client().await;
         let now = retry_core::Timestamp::from(std::time::SystemTime::now());
         // A backlog several times what a page and its copies hold, where
-        // the broker keeps it (the mock keeps 5 MB per partition): the
-        // memory a replay takes beyond that is the allocator's and the
-        // connections', which no backlog's size changes.
+        // the broker keeps it (the mock keeps 5 MB of batches per partition,
+        // about 4 MB here): the memory a replay takes beyond that is its
+        // page's, the allocator's and the connections' (6 to 8 MiB), which
+        // no backlog's size changes.
         let padding =
-            "x".repeat(if integration::broker_kind() == integration::BrokerKind::Kafka { 1_000 } else { 100 });
+            "x".repeat(if integration::broker_kind() == integration::BrokerKind::Kafka { 1_000 } else { 250 });
         let mut orders: Vec<Vec<String>> = vec![Vec::new(); PARTITIONS];
         let mut backlog_bytes = 0;
         for partition in 0..PARTITIONS as i32 {
@@ -1175,12 +1176,16 @@ mod faults {
                         window_overridden_at: None,
                     }
                     .encode_into(&mut headers);
-                    backlog_bytes += json.len();
+                    let headers = BTreeMap::from(headers);
+                    // The backlog as the broker keeps it: keys, values and headers.
+                    backlog_bytes += order.to_string().len()
+                        + json.len()
+                        + headers.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
                     orders[partition as usize].push(order.to_string());
                     batch.push(Record {
                         key: Some(order.to_string().into_bytes()),
                         value: Some(json.into_bytes()),
-                        headers: BTreeMap::from(headers),
+                        headers,
                         timestamp: chrono::TimeZone::timestamp_millis_opt(&chrono::Utc, now.as_millis()).unwrap(),
                     });
                 }
