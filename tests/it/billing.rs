@@ -88,7 +88,7 @@ impl Setup {
     }
 
     /// The same, with more environment.
-    async fn start_with(&self, provider: &FakeProvider, env: &[(&str, &str)]) -> Service {
+    pub(crate) async fn start_with(&self, provider: &FakeProvider, env: &[(&str, &str)]) -> Service {
         let (admin, operators) = (free_addr(), free_addr());
         let log = std::env::temp_dir().join(format!("{}-{}.log", self.topic, Uuid::new_v4()));
         let mut cmd = self.command(&["run"]);
@@ -227,7 +227,7 @@ impl Service {
 }
 
 /// An OrderConfirmed event as JSON, with its order id.
-fn event(amount: &str) -> (Uuid, String) {
+pub(crate) fn event(amount: &str) -> (Uuid, String) {
     let order = Uuid::new_v4();
     let json = format!(
         r#"{{"event_id":"{}","order_id":"{order}","customer_id":"{}","total_amount":{amount}}}"#,
@@ -650,7 +650,7 @@ async fn metrics_count_outcomes_and_the_dead_letter_backlog_follows_the_operator
 pub(crate) const TOKEN: &str = "operators-secret-0123456789";
 
 /// A request to the operators' API: (status, JSON body).
-async fn call(
+pub(crate) async fn call(
     service: &Service,
     method: reqwest::Method,
     path: &str,

@@ -3,6 +3,7 @@
 
 mod billing;
 mod broker_path;
+mod console;
 mod dead_letters;
 mod faults;
 mod group;

@@ -173,6 +173,21 @@ pub(crate) enum DlqAction {
         #[arg(long = "offset")]
         offsets: Vec<i64>,
     },
+    /// Show the listener: its brake on the instance that answers, the
+    /// operators' pause, and each consumed topic's lag.
+    Listener,
+    /// Pause the listener on every instance for a while: events wait,
+    /// keeping their place, and run again when the pause ends or is resumed.
+    Pause {
+        /// How long: `30s`, `10m`, `2h` (1s to 168h).
+        #[arg(long = "for")]
+        duration: String,
+        /// Why, for the other operators and the audit log.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// End the operators' pause on every instance.
+    Resume,
 }
 
 #[derive(Subcommand)]

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::{
     config::{DlqAction, DlqArgs, KafkaArgs},
-    operators::api::{AckBody, JobState, ReplayBody, ReplayJob},
+    operators::api::{AckBody, JobState, PauseBody, ReplayBody, ReplayJob},
     Failure,
 };
 
@@ -93,6 +93,13 @@ pub(crate) async fn run(kafka: &KafkaArgs, args: &DlqArgs) -> Result<(), Failure
             let body = serde_json::to_value(&body).unwrap_or_default();
             client.call(reqwest::Method::POST, &format!("/admin/dlq/{dlq}/ack"), Some(body)).await?
         }
+        DlqAction::Listener => client.call(reqwest::Method::GET, "/admin/listener", None).await?,
+        DlqAction::Pause { duration, reason } => {
+            let body = PauseBody { duration: duration.clone(), reason: reason.clone() };
+            let body = serde_json::to_value(&body).unwrap_or_default();
+            client.call(reqwest::Method::POST, "/admin/listener/pause", Some(body)).await?
+        }
+        DlqAction::Resume => client.call(reqwest::Method::POST, "/admin/listener/resume", None).await?,
     };
     println!("{}", serde_json::to_string_pretty(&answer).unwrap_or_default());
     Ok(())

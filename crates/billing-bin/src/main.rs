@@ -132,12 +132,15 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
         .collect();
     let listener = Listener::start(config, Arc::new(handler)).await?;
     admin.set_running(listener.readiness(), listener.metrics());
+    if let Some((_, operators)) = &operators_server {
+        let _ = operators.brake.set(listener.brake());
+    }
     info!(topic = %kafka.topic, schedule = %kafka.retry_schedule, ?groups, "billing service started");
 
     wait_for_shutdown_signal().await;
     info!("shutting down: finishing records in flight, committing, leaving the groups");
     listener.shutdown().await;
-    if let Some(server) = operators_server {
+    if let Some((server, _)) = operators_server {
         server.stop().await;
     }
     admin.stop().await;
@@ -151,17 +154,19 @@ async fn serve_operators(
     token: String,
     connection: &retry_kafka::ConnectionConfig,
     policy: &RetryPolicy,
-) -> Result<http::Server, Failure> {
+) -> Result<(http::Server, Arc<operators::Operators<retry_kafka::DeadLetterAdmin>>), Failure> {
     let limits = args.http_limits()?;
     let groups = retry_core::groups::LadderGroups::new(&args.group_id, policy.topology())
         .map_err(|e| Failure::Config(e.to_string()))?;
     let store = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups).await?;
     let failures = operators::AuthFailures::new(args.operator_max_auth_failures, Duration::from_secs(60));
     let max_event_age = policy.config().max_event_age;
-    let mut operators = operators::Operators::new(token, policy.clone(), store, max_event_age, failures);
+    let group = args.group_id.clone();
+    let mut operators = operators::Operators::new(token, policy.clone(), store, max_event_age, failures, group);
     // Answer before the request's own deadline cuts the wait short.
     operators.wait_limit = limits.request_timeout * 2 / 3;
-    let routes = operators::routes(Arc::new(operators));
+    let operators = Arc::new(operators);
+    let routes = operators::routes(operators.clone());
     let server = http::serve("OPERATOR_LISTEN", args.operator_listen, routes, limits)
         .await
         .map_err(|e| Failure::Runtime(e.to_string()))?;
@@ -171,7 +176,7 @@ async fn serve_operators(
             hosts can reach: its token travels as it is; put a TLS-terminating proxy in front of it, or \
             listen on loopback (OPERATOR_LISTEN)");
     }
-    Ok(server)
+    Ok((server, operators))
 }
 
 /// `billing-bin operators`: the operators' API over the ladder of
@@ -183,7 +188,7 @@ async fn serve_operators_alone(kafka: &KafkaArgs, args: &OperatorArgs) -> Result
         )
     })?;
     let policy = policy(kafka, args.max_event_age()?)?;
-    let server = serve_operators(args, token, &kafka.connection()?, &policy).await?;
+    let (server, _) = serve_operators(args, token, &kafka.connection()?, &policy).await?;
     info!(topic = %kafka.topic, dead_letters = %policy.topology().dead_letter_topic(), "serving the operators' API \
         alone: nothing is consumed");
     wait_for_shutdown_signal().await;

@@ -30,6 +30,7 @@ pub const MAX_GROUP_ID_BYTES: usize = 200;
 /// assert_eq!(groups.of(far), None);
 /// assert_eq!(groups.operators(), "billing.dlq-operators");
 /// assert_eq!(groups.replay_lock(), "billing.dlq-operators.replay-lock");
+/// assert_eq!(groups.pause(), "billing.dlq-operators.pause");
 /// // A ladder named as Spring's @RetryableTopic names it has the groups
 /// // Spring's containers use, so a listener taking over its topics goes on
 /// // where Spring stood.
@@ -44,6 +45,7 @@ pub struct LadderGroups {
     rungs: Vec<String>,
     operators: String,
     replay_lock: String,
+    pause: String,
 }
 
 /// A topic a listener consumes, with its stage and its group (see
@@ -95,7 +97,8 @@ impl LadderGroups {
             .collect();
         let operators = format!("{group_id}.dlq-operators");
         let replay_lock = format!("{operators}.replay-lock");
-        Ok(LadderGroups { source: group_id.to_owned(), rungs, operators, replay_lock })
+        let pause = format!("{operators}.pause");
+        Ok(LadderGroups { source: group_id.to_owned(), rungs, operators, replay_lock, pause })
     }
 
     /// The group that consumes the topic of `stage`; `None` for a rung
@@ -131,6 +134,13 @@ impl LadderGroups {
     /// only while its instance leads this group, whatever the instance count.
     pub fn replay_lock(&self) -> &str {
         &self.replay_lock
+    }
+
+    /// The group whose committed offset on the source topic's partition 0
+    /// is the operators' pause of the listener (see [`crate::pause`]).
+    /// Nothing consumes it.
+    pub fn pause(&self) -> &str {
+        &self.pause
     }
 }
 

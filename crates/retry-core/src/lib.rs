@@ -80,6 +80,7 @@ pub mod groups;
 mod handler;
 mod headers;
 pub mod operators;
+pub mod pause;
 pub mod replay;
 mod schedule;
 pub mod spring;

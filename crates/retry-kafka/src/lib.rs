@@ -76,6 +76,7 @@ pub use admin::{
         Acknowledgement, BrowsePage, DeadLetter, DeadLetterAdmin, DeadLetterStatus, PartitionReplay, PartitionStatus,
         ReplayReport, ReplayRequest, SkippedRecord, MAX_SKIPPED_SHOWN,
     },
+    lag::{PartitionLag, TopicLag},
     offsets::GroupOffsets,
     records::{read_partition, WrittenRecord},
     topics::{Created, CreatedTopic, TopicPlan, TopicRole, TopicSpec},
@@ -85,8 +86,9 @@ pub use connection::security::{
 };
 pub use connection::ConnectionConfig;
 pub use consumer::{
+    brake::{BrakeStatus, Engagement},
     config::{HandlerCalls, ListenerConfig, OffsetReset},
-    listener::{Listener, Readiness},
+    listener::{BrakeView, Listener, Readiness},
 };
 pub use error::{BrokerError, ClientError, Error, Result, TlsFile, TopicProblem, TopicProblems};
 pub use metrics::MetricsExposition;

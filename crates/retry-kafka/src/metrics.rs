@@ -45,6 +45,7 @@ type Labels = Vec<(&'static str, String)>;
 /// | `kafka_retry_partition_stalled` | `topic`, `partition` | 1 while the partition's republications keep failing (the broker refuses them), else 0 |
 /// | `kafka_retry_brake_state` | `topic` (the source) | the outage brake: 0 running, 1 probing, 2 paused (absent when the brake is off) |
 /// | `kafka_retry_brake_engagements_total` | `topic` (the source) | how often the brake engaged |
+/// | `kafka_retry_listener_paused` | `topic` (the source) | 1 while the operators' pause holds the listener's records, else 0 |
 /// | `kafka_retry_member_evictions_total` | `group` | members the group dropped while they drained their partitions, or fenced by another instance with their `group.instance.id` |
 /// | `kafka_retry_worker_failures_total` | `group` | partition workers that ended while their partition was assigned (a bug: the member rejoins) |
 /// | `kafka_retry_detached_handler_calls` | `topic` | handler calls that ignored their cancellation and still run (the listener is not ready meanwhile) |
@@ -97,6 +98,7 @@ pub(crate) struct Metrics {
     stalled: Family<Labels, Gauge>,
     brake_state: Family<Labels, Gauge>,
     brake_engagements: Family<Labels, Counter>,
+    paused: Family<Labels, Gauge>,
     evictions: Family<Labels, Counter>,
     worker_failures: Family<Labels, Counter>,
     detached_calls: Family<Labels, Gauge>,
@@ -178,6 +180,7 @@ impl Metrics {
             stalled: Family::default(),
             brake_state: Family::default(),
             brake_engagements: Family::default(),
+            paused: Family::default(),
             evictions: Family::default(),
             worker_failures: Family::default(),
             detached_calls: Family::default(),
@@ -247,6 +250,11 @@ impl Metrics {
             "kafka_retry_brake_engagements",
             "How often the outage brake engaged",
             self.brake_engagements.clone(),
+        );
+        r.register(
+            "kafka_retry_listener_paused",
+            "1 while the operators' pause holds the listener's records",
+            self.paused.clone(),
         );
         r.register(
             "kafka_retry_member_evictions",
@@ -324,6 +332,10 @@ impl Metrics {
 
     pub(crate) fn brake_state(&self, t: &str, state: retry_core::brake::BrakeState) {
         self.brake_state.get_or_create(&topic(t)).set(state.gauge());
+    }
+
+    pub(crate) fn listener_paused(&self, t: &str, paused: bool) {
+        self.paused.get_or_create(&topic(t)).set(i64::from(paused));
     }
 
     pub(crate) fn brake_engaged(&self, t: &str) {

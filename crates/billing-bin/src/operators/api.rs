@@ -410,3 +410,109 @@ pub(crate) struct AckAnswer {
     /// Records above it handled out of order.
     pub(crate) handled_above: usize,
 }
+
+/// `GET /admin/listener`: the ladder's listener as operators see it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct ListenerAnswer {
+    /// The listener's source topic.
+    pub(crate) topic: String,
+    /// Its consumer group (the rungs' groups add their suffix to it).
+    pub(crate) group: String,
+    /// Whether this instance consumes the ladder (`billing-bin operators`
+    /// does not: it shows no brake).
+    pub(crate) consumed_here: bool,
+    /// This instance's outage brake; absent when it has none.
+    pub(crate) brake: Option<BrakeAnswer>,
+    /// The operators' pause, as the group keeps it for every instance,
+    /// while it holds.
+    pub(crate) pause: Option<PauseAnswer>,
+    /// Whether this instance's records wait for a pause now (each instance
+    /// reads the group's pause every 2s).
+    pub(crate) paused_here: bool,
+    /// Each consumed topic's lag: the group's committed offsets behind the
+    /// partitions' ends.
+    pub(crate) lag: Vec<TopicLag>,
+}
+
+/// An outage brake, on the instance that answers.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct BrakeAnswer {
+    /// `running`, `probing` (one record at a time) or `paused` (until the next probe).
+    pub(crate) state: String,
+    /// Since when it has been engaged, in milliseconds since the epoch, while it is.
+    pub(crate) engaged_since_ms: Option<i64>,
+    /// Its latest engagements (at most ten), oldest first.
+    pub(crate) recent_engagements: Vec<EngagementAnswer>,
+}
+
+/// One engagement of the brake.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct EngagementAnswer {
+    /// When, in milliseconds since the epoch.
+    pub(crate) at_ms: i64,
+    /// Transient failures among the calls it saw.
+    pub(crate) failed: u32,
+    /// The calls it saw.
+    pub(crate) calls: u32,
+}
+
+/// The operators' pause of the listener.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct PauseAnswer {
+    /// When records run again, in milliseconds since the epoch.
+    pub(crate) until_ms: i64,
+    /// Who paused (`X-Operator`, else their address); empty when the broker keeps no metadata.
+    pub(crate) by: String,
+    /// Why.
+    pub(crate) reason: String,
+}
+
+/// `POST /admin/listener/pause`: pause the listener on every instance.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct PauseBody {
+    /// How long: `30s`, `10m`, `2h` (1s to 168h).
+    pub(crate) duration: String,
+    /// Why, for the other operators and the audit log (at most 200 bytes kept).
+    #[serde(default)]
+    pub(crate) reason: String,
+}
+
+/// `POST /admin/listener/resume`: what was resumed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct ResumeAnswer {
+    /// Whether a pause held when the resume came.
+    pub(crate) was_paused: bool,
+}
+
+/// A consumed topic's lag, partition by partition.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct TopicLag {
+    /// The topic (the source or a rung).
+    pub(crate) topic: String,
+    /// The group that consumes it.
+    pub(crate) group: String,
+    /// The sum over its partitions.
+    pub(crate) lag: i64,
+    /// Each partition.
+    pub(crate) partitions: Vec<PartitionLag>,
+}
+
+/// A partition's lag.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct PartitionLag {
+    /// The partition.
+    pub(crate) partition: i32,
+    /// The group's committed offset; absent before its first commit.
+    pub(crate) committed: Option<i64>,
+    /// The next offset to be written.
+    pub(crate) end: i64,
+    /// Records behind: the end minus the committed offset (or the earliest kept).
+    pub(crate) lag: i64,
+}
+
+/// `GET /admin/dlq/replays`: this instance's recent replay jobs.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct ReplayJobs {
+    /// Newest first (at most 100).
+    pub(crate) jobs: Vec<ReplayJob>,
+}

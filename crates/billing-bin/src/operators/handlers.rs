@@ -11,13 +11,14 @@ use axum::{
     Json,
 };
 use bytes::Bytes;
-use retry_core::{operators::ReplaySelection, replay::ReplayGuards};
+use retry_core::{operators::ReplaySelection, pause::ListenerPause, replay::ReplayGuards};
 use retry_kafka::{Acknowledgement, BrowsePage, ReplayRequest};
 
 use super::{
     api::{
-        AckAnswer, AckBody, DlqList, DlqTopic, JobState, Message, MessagesPage, MessagesQuery, Problem, ReplayBody,
-        ReplayJob, ReplayOutcome, ReplayQuery,
+        AckAnswer, AckBody, BrakeAnswer, DlqList, DlqTopic, EngagementAnswer, JobState, ListenerAnswer, Message,
+        MessagesPage, MessagesQuery, PartitionLag, PauseAnswer, PauseBody, Problem, ReplayBody, ReplayJob, ReplayJobs,
+        ReplayOutcome, ReplayQuery, ResumeAnswer, TopicLag,
     },
     audit::{audited, excerpt, who, Outcome},
     jobs::now_ms,
@@ -257,4 +258,99 @@ pub(crate) async fn ack<S: DeadLetterStore>(
     };
     let outcome = format!("{ack:?} on partition {}: position {}", body.partition, answer.acknowledged_offset);
     Ok(audited(Json(answer), outcome))
+}
+
+#[utoipa::path(get, path = "/admin/dlq/replays", tag = "dead letters",
+    responses((status = 200, body = ReplayJobs), (status = 401, body = Problem), (status = 429, body = Problem)))]
+/// This instance's recent replay jobs, newest first.
+pub(crate) async fn replay_jobs<S: DeadLetterStore>(State(ops): State<Arc<Operators<S>>>) -> Response {
+    let jobs = ops.jobs.recent();
+    let outcome = format!("{} jobs", jobs.len());
+    audited(Json(ReplayJobs { jobs }), outcome)
+}
+
+#[utoipa::path(get, path = "/admin/listener", tag = "listener",
+    responses((status = 200, body = ListenerAnswer), (status = 401, body = Problem), (status = 429, body = Problem),
+              (status = 502, body = Problem)))]
+/// The ladder's listener: this instance's brake, the operators' pause that
+/// every instance follows, and each consumed topic's lag.
+pub(crate) async fn listener<S: DeadLetterStore>(State(ops): State<Arc<Operators<S>>>) -> Result<Response, Refusal> {
+    let now = retry_core::Timestamp::from(std::time::SystemTime::now());
+    let pause = ops.store.listener_pause().await?.filter(|p| p.holds_at(now)).map(PauseAnswer::from);
+    let lag = ops.store.lag().await?;
+    let brake = ops.brake.get().map(|view| view.status());
+    let answer = ListenerAnswer {
+        topic: ops.policy.topology().source_topic().as_str().to_owned(),
+        group: ops.group.clone(),
+        consumed_here: brake.is_some(),
+        paused_here: brake.as_ref().is_some_and(|status| status.pause.is_some()),
+        brake: brake.and_then(|status| {
+            let state = status.state?;
+            Some(BrakeAnswer {
+                state: format!("{state:?}").to_lowercase(),
+                engaged_since_ms: status.engaged_since.map(|t| t.as_millis()),
+                recent_engagements: status
+                    .recent_engagements
+                    .iter()
+                    .map(|e| EngagementAnswer { at_ms: e.at.as_millis(), failed: e.failed, calls: e.calls })
+                    .collect(),
+            })
+        }),
+        pause,
+        lag: lag
+            .into_iter()
+            .map(|t| TopicLag {
+                lag: t.lag(),
+                partitions: t
+                    .partitions
+                    .iter()
+                    .map(|p| PartitionLag { partition: p.partition, committed: p.committed, end: p.end, lag: p.lag })
+                    .collect(),
+                topic: t.topic,
+                group: t.group,
+            })
+            .collect(),
+    };
+    let outcome = format!("paused {}", answer.pause.is_some());
+    Ok(audited(Json(answer), outcome))
+}
+
+#[utoipa::path(post, path = "/admin/listener/pause", tag = "listener",
+    request_body = PauseBody,
+    responses((status = 200, body = PauseAnswer), (status = 400, body = Problem), (status = 401, body = Problem),
+              (status = 413, body = Problem), (status = 429, body = Problem), (status = 502, body = Problem)))]
+/// Pause the listener on every instance for a while: records wait, keeping
+/// their place, and run again when the pause ends or is resumed. Each
+/// instance follows within its pause poll interval (2s).
+pub(crate) async fn pause<S: DeadLetterStore>(
+    State(ops): State<Arc<Operators<S>>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Result<Json<PauseBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, Refusal> {
+    let Json(body) = body.map_err(|e| bad_request(e.body_text()))?;
+    let duration = retry_core::parse_duration(&body.duration).map_err(|e| bad_request(e.to_string()))?;
+    let now = retry_core::Timestamp::from(std::time::SystemTime::now());
+    let by = who(&headers, Some(peer));
+    let pause = ListenerPause::new(now, duration, &by, &body.reason).map_err(|e| bad_request(e.to_string()))?;
+    ops.store.set_listener_pause(Some(&pause)).await?;
+    let outcome = format!("paused for {} until {} ms: {:?}", body.duration, pause.until.as_millis(), pause.reason);
+    Ok(audited(Json(PauseAnswer::from(pause)), outcome))
+}
+
+#[utoipa::path(post, path = "/admin/listener/resume", tag = "listener",
+    responses((status = 200, body = ResumeAnswer), (status = 401, body = Problem), (status = 429, body = Problem),
+              (status = 502, body = Problem)))]
+/// End the operators' pause on every instance (nothing changes when none holds).
+pub(crate) async fn resume<S: DeadLetterStore>(State(ops): State<Arc<Operators<S>>>) -> Result<Response, Refusal> {
+    let now = retry_core::Timestamp::from(std::time::SystemTime::now());
+    let was_paused = ops.store.listener_pause().await?.is_some_and(|p| p.holds_at(now));
+    ops.store.set_listener_pause(None).await?;
+    Ok(audited(Json(ResumeAnswer { was_paused }), format!("resumed (was paused: {was_paused})")))
+}
+
+impl From<ListenerPause> for PauseAnswer {
+    fn from(p: ListenerPause) -> Self {
+        PauseAnswer { until_ms: p.until.as_millis(), by: p.by, reason: p.reason }
+    }
 }

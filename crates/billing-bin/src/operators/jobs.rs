@@ -72,6 +72,12 @@ impl Job {
 }
 
 impl Jobs {
+    /// The jobs this service ran recently, newest first.
+    pub(crate) fn recent(&self) -> Vec<ReplayJob> {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.iter().rev().map(|job| job.snapshot()).collect()
+    }
+
     /// The job with `id`, if this service ran it recently.
     pub(crate) fn get(&self, id: &str) -> Option<ReplayJob> {
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());

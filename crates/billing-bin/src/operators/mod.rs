@@ -36,7 +36,7 @@ use subtle::ConstantTimeEq;
 
 use self::{
     audit::{audit, peer_of},
-    handlers::{ack, list, messages, replay, replay_job, Refusal},
+    handlers::{ack, list, listener, messages, pause, replay, replay_job, replay_jobs, resume, Refusal},
     openapi::openapi,
     store::DeadLetterStore,
 };
@@ -49,10 +49,14 @@ pub(crate) use self::{
 pub(crate) fn routes<S: DeadLetterStore>(operators: Arc<Operators<S>>) -> Router {
     Router::new()
         .route("/admin/dlq", get(list::<S>))
+        .route("/admin/dlq/replays", get(replay_jobs::<S>))
         .route("/admin/dlq/replays/{id}", get(replay_job::<S>))
         .route("/admin/dlq/{topic}/messages", get(messages::<S>))
         .route("/admin/dlq/{topic}/replay", post(replay::<S>))
         .route("/admin/dlq/{topic}/ack", post(ack::<S>))
+        .route("/admin/listener", get(listener::<S>))
+        .route("/admin/listener/pause", post(pause::<S>))
+        .route("/admin/listener/resume", post(resume::<S>))
         .route("/admin/openapi.json", get(openapi))
         .layer(middleware::from_fn_with_state(operators.clone(), authorize::<S>))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -15,7 +15,8 @@ use super::{api, handlers};
 #[openapi(
     info(
         title = "billing-bin operators' API",
-        description = "Inspect the dead-letter topic, replay records into the retry ladder as jobs, or acknowledge them. \
+        description = "Inspect the dead-letter topic, replay records into the retry ladder as jobs, or acknowledge them; \
+                       see the listener's brake and lag, and pause or resume it on every instance. \
                        Served on OPERATOR_LISTEN only when ADMIN_TOKEN or ADMIN_TOKEN_FILE is set; every request is audit-logged."
     ),
     paths(
@@ -24,6 +25,10 @@ use super::{api, handlers};
         handlers::replay,
         handlers::replay_job,
         handlers::ack,
+        handlers::replay_jobs,
+        handlers::listener,
+        handlers::pause,
+        handlers::resume,
         openapi
     ),
     components(schemas(
@@ -43,7 +48,16 @@ use super::{api, handlers};
         api::Skipped,
         api::PartitionOutcome,
         api::AckBody,
-        api::AckAnswer
+        api::AckAnswer,
+        api::ReplayJobs,
+        api::ListenerAnswer,
+        api::BrakeAnswer,
+        api::EngagementAnswer,
+        api::PauseAnswer,
+        api::PauseBody,
+        api::ResumeAnswer,
+        api::TopicLag,
+        api::PartitionLag
     )),
     modifiers(&BearerToken),
     security(("bearer" = []))

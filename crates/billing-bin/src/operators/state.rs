@@ -2,11 +2,12 @@
 //! dead-letter store, the replay jobs, and the limits of every answer.
 
 use std::{
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
 use retry_core::RetryPolicy;
+use retry_kafka::BrakeView;
 
 use super::{auth::AuthFailures, jobs::Jobs, store::DeadLetterStore};
 
@@ -30,6 +31,11 @@ pub(crate) struct Operators<S> {
     pub(crate) wait_limit: Duration,
     pub(crate) auth_failures: Mutex<AuthFailures>,
     pub(crate) jobs: Jobs,
+    /// The consumer group of the ladder's source.
+    pub(crate) group: String,
+    /// This instance's listener's brake, once it started; never set when
+    /// the instance consumes nothing (`billing-bin operators`).
+    pub(crate) brake: OnceLock<BrakeView>,
 }
 
 impl<S: DeadLetterStore> Operators<S> {
@@ -39,6 +45,7 @@ impl<S: DeadLetterStore> Operators<S> {
         store: S,
         idempotency_window: Option<Duration>,
         auth_failures: AuthFailures,
+        group: String,
     ) -> Self {
         Operators {
             token,
@@ -48,6 +55,8 @@ impl<S: DeadLetterStore> Operators<S> {
             wait_limit: Duration::from_secs(20),
             auth_failures: Mutex::new(auth_failures),
             jobs: Jobs::default(),
+            group,
+            brake: OnceLock::new(),
         }
     }
 }

@@ -4,9 +4,10 @@
 
 use std::future::Future;
 
-use retry_core::operators::OperatorsPosition;
+use retry_core::{operators::OperatorsPosition, pause::ListenerPause};
 use retry_kafka::{
     Acknowledgement, BrowsePage, DeadLetter, DeadLetterAdmin, DeadLetterStatus, ReplayReport, ReplayRequest, Result,
+    TopicLag,
 };
 
 /// Progress of a replay, after every page.
@@ -26,6 +27,12 @@ pub(crate) trait DeadLetterStore: Send + Sync + 'static {
         partition: i32,
         ack: &Acknowledgement,
     ) -> impl Future<Output = Result<OperatorsPosition>> + Send;
+    /// The listener's pause as committed last, if not a resume.
+    fn listener_pause(&self) -> impl Future<Output = Result<Option<ListenerPause>>> + Send;
+    /// Pauses the listener on every instance (`None`: resumes it).
+    fn set_listener_pause(&self, pause: Option<&ListenerPause>) -> impl Future<Output = Result<()>> + Send;
+    /// The lag of the ladder's groups.
+    fn lag(&self) -> impl Future<Output = Result<Vec<TopicLag>>> + Send;
 }
 
 impl DeadLetterStore for DeadLetterAdmin {
@@ -43,5 +50,20 @@ impl DeadLetterStore for DeadLetterAdmin {
 
     async fn acknowledge(&self, partition: i32, ack: &Acknowledgement) -> Result<OperatorsPosition> {
         DeadLetterAdmin::acknowledge(self, partition, ack).await
+    }
+
+    async fn listener_pause(&self) -> Result<Option<ListenerPause>> {
+        DeadLetterAdmin::listener_pause(self).await
+    }
+
+    async fn set_listener_pause(&self, pause: Option<&ListenerPause>) -> Result<()> {
+        match pause {
+            Some(pause) => self.pause_listener(pause).await,
+            None => self.resume_listener().await,
+        }
+    }
+
+    async fn lag(&self) -> Result<Vec<TopicLag>> {
+        DeadLetterAdmin::lag(self).await
     }
 }

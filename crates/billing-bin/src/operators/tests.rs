@@ -10,7 +10,9 @@ use std::{
 
 use bytes::Bytes;
 use reqwest::{Method, StatusCode};
-use retry_core::{operators::OperatorsPosition, Headers, RetryPolicy, RetrySchedule, RetryTopology};
+use retry_core::{
+    operators::OperatorsPosition, pause::ListenerPause, Headers, RetryPolicy, RetrySchedule, RetryTopology,
+};
 use retry_kafka::{
     Acknowledgement, BrowsePage, DeadLetter, DeadLetterStatus, PartitionReplay, PartitionStatus, ReplayReport,
     ReplayRequest,
@@ -31,6 +33,7 @@ struct MemoryStore {
     gate: Option<Arc<Semaphore>>,
     requests: Mutex<Vec<ReplayRequest>>,
     acks: Mutex<Vec<(i32, Acknowledgement)>>,
+    pause: Mutex<Option<ListenerPause>>,
 }
 
 impl MemoryStore {
@@ -45,7 +48,7 @@ impl MemoryStore {
                 headers: Headers::new(),
             })
             .collect();
-        MemoryStore { records, gate, requests: Mutex::default(), acks: Mutex::default() }
+        MemoryStore { records, gate, requests: Mutex::default(), acks: Mutex::default(), pause: Mutex::default() }
     }
 }
 
@@ -102,6 +105,19 @@ impl DeadLetterStore for MemoryStore {
         };
         Ok(OperatorsPosition::new(Some(next), None, 0))
     }
+
+    async fn listener_pause(&self) -> retry_kafka::Result<Option<ListenerPause>> {
+        Ok(self.pause.lock().unwrap().clone())
+    }
+
+    async fn set_listener_pause(&self, pause: Option<&ListenerPause>) -> retry_kafka::Result<()> {
+        *self.pause.lock().unwrap() = pause.cloned();
+        Ok(())
+    }
+
+    async fn lag(&self) -> retry_kafka::Result<Vec<retry_kafka::TopicLag>> {
+        Ok(vec![])
+    }
 }
 
 struct Api {
@@ -127,6 +143,7 @@ async fn start_limited(gate: Option<Arc<Semaphore>>, max_auth_failures: u32, req
         MemoryStore::new(gate),
         Some(Duration::from_secs(24 * 3600)),
         AuthFailures::new(max_auth_failures, Duration::from_secs(60)),
+        "billing".into(),
     );
     let store = operators.store.clone();
     let limits = HttpLimits { header_read_timeout: Duration::from_secs(5), request_timeout, max_connections: 16 };

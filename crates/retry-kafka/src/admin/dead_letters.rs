@@ -10,14 +10,18 @@ use std::{
 
 use bytes::Bytes;
 use retry_core::{
-    groups::LadderGroups, operators::OperatorsPosition, operators::ReplaySelection, replay::ReplayGuards,
-    replay::ReplayTarget, Headers, RetryHeaders, RetryPolicy, Timestamp,
+    groups::LadderGroups, operators::OperatorsPosition, operators::ReplaySelection, pause::ListenerPause,
+    replay::ReplayGuards, replay::ReplayTarget, Headers, RetryHeaders, RetryPolicy, Timestamp,
 };
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use tokio::sync::Mutex;
 
 use crate::{
-    admin::replay_lock::ReplayLock,
+    admin::{
+        lag::{LagReader, TopicLag},
+        pause::PauseRecord,
+        replay_lock::ReplayLock,
+    },
     connection::cluster::{deadline, Cluster},
     protocol::{
         batch::{Codec, RawHeader},
@@ -280,6 +284,9 @@ pub struct DeadLetterAdmin {
     /// again themselves).
     partition_clients: Mutex<BTreeMap<i32, Arc<PartitionClient>>>,
     readers: Mutex<BTreeMap<i32, Arc<Mutex<PartitionReader>>>>,
+    /// The operators' pause of the ladder's listener.
+    pause: PauseRecord,
+    lag: LagReader,
 }
 
 /// The most bytes read per fetch while browsing or replaying.
@@ -437,6 +444,8 @@ impl DeadLetterAdmin {
                 Default::default(),
             )),
             operators: Mutex::new(GroupClient::new(connection.clone(), groups.operators())),
+            pause: PauseRecord::new(connection.clone(), groups, policy.topology()),
+            lag: LagReader::new(cluster.clone(), connection.clone(), policy.topology(), groups),
             lock_group: groups.replay_lock().to_owned(),
             connection,
             cluster,
@@ -484,6 +493,30 @@ impl DeadLetterAdmin {
 
     fn topic(&self) -> &str {
         self.policy.topology().dead_letter_topic().as_str()
+    }
+
+    /// Pauses the ladder's listener on every instance until `pause.until`:
+    /// each instance reads it within its `pause_poll_interval`, and its
+    /// records wait, keeping their place (see [`retry_core::pause`]).
+    pub async fn pause_listener(&self, pause: &ListenerPause) -> Result<()> {
+        self.pause.write(Some(pause)).await
+    }
+
+    /// Ends the listener's pause on every instance, if there is one.
+    pub async fn resume_listener(&self) -> Result<()> {
+        self.pause.write(None).await
+    }
+
+    /// The lag of every group of the ladder: the source's and each rung's,
+    /// in that order.
+    pub async fn lag(&self) -> Result<Vec<TopicLag>> {
+        self.lag.read().await
+    }
+
+    /// The listener's pause as committed last (it may have ended: see
+    /// [`ListenerPause::holds_at`]); `None` when none was, or a resume.
+    pub async fn listener_pause(&self) -> Result<Option<ListenerPause>> {
+        self.pause.read().await
     }
 
     async fn partition(&self, partition: i32) -> Result<Arc<PartitionClient>> {

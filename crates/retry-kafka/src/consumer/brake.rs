@@ -2,11 +2,21 @@
 //! worker asks it before running a record's handler, tells it how the call
 //! ended, and asks it before dead-lettering a record that exhausted the
 //! ladder. The decisions are retry-core's; this only waits and wakes.
+//!
+//! The operators' pause of the listener waits here too, before the brake,
+//! whether the brake is on or off.
 
-use std::sync::Mutex;
+use std::{
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicI64, Ordering},
+        Mutex,
+    },
+};
 
 use retry_core::{
-    brake::{Brake, BrakeChange, BrakeConfig, Call, Permit},
+    brake::{Brake, BrakeChange, BrakeConfig, BrakeState, Call, Permit},
+    pause::ListenerPause,
     Decision, HandlerError, Stage, Timestamp,
 };
 use tokio::sync::Notify;
@@ -25,6 +35,43 @@ pub(crate) struct SharedBrake {
     metrics: Metrics,
     /// The listener's source topic, which labels the brake's metrics.
     topic: String,
+    /// The end of the operators' pause in milliseconds since the epoch;
+    /// 0 when there is none (so that a record's admission reads no clock).
+    paused_until: AtomicI64,
+    /// The pause itself, for [`SharedBrake::status`].
+    pause: Mutex<Option<ListenerPause>>,
+    /// The latest engagements, newest last.
+    engagements: Mutex<VecDeque<Engagement>>,
+}
+
+/// How many engagements [`BrakeStatus::recent_engagements`] keeps.
+const RECENT_ENGAGEMENTS: usize = 10;
+
+/// What a listener's brake and the operators' pause are doing, as
+/// [`BrakeView::status`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrakeStatus {
+    /// The listener's source topic.
+    pub topic: String,
+    /// The brake's state; `None` when the listener has no brake.
+    pub state: Option<BrakeState>,
+    /// Since when it has been engaged, while it is.
+    pub engaged_since: Option<Timestamp>,
+    /// The latest engagements (at most ten), oldest first.
+    pub recent_engagements: Vec<Engagement>,
+    /// The operators' pause in force on this instance, if any.
+    pub pause: Option<ListenerPause>,
+}
+
+/// One engagement of the brake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Engagement {
+    /// When it engaged.
+    pub at: Timestamp,
+    /// How many of the calls it saw had failed transiently.
+    pub failed: u32,
+    /// How many calls it saw.
+    pub calls: u32,
 }
 
 /// What [`SharedBrake::admit`] allows.
@@ -73,7 +120,71 @@ impl SharedBrake {
         if brake.is_some() {
             metrics.brake_state(topic, retry_core::brake::BrakeState::Running);
         }
-        SharedBrake { brake, changed: Notify::new(), metrics, topic: topic.to_owned() }
+        SharedBrake {
+            brake,
+            changed: Notify::new(),
+            metrics,
+            topic: topic.to_owned(),
+            paused_until: AtomicI64::new(0),
+            pause: Mutex::new(None),
+            engagements: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Sets the operators' pause as read from its group (`None`: none, or
+    /// it ended); a change wakes the records waiting for it.
+    pub(crate) fn set_pause(&self, pause: Option<ListenerPause>) {
+        let mut current = self.pause.lock().unwrap_or_else(|p| p.into_inner());
+        if *current == pause {
+            return;
+        }
+        match &pause {
+            Some(p) => {
+                tracing::warn!(topic = %self.topic, until_ms = p.until.as_millis(), by = %p.by, reason = %p.reason, "operators paused the listener: records wait, keeping their place, until the pause ends or is resumed")
+            }
+            None => tracing::info!(topic = %self.topic, "the operators' pause ended: records run again"),
+        }
+        self.paused_until.store(pause.as_ref().map_or(0, |p| p.until.as_millis().max(1)), Ordering::Relaxed);
+        self.metrics.listener_paused(&self.topic, pause.is_some());
+        *current = pause;
+        drop(current);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits while the operators' pause holds; false when `stop` came first.
+    async fn pass_pause(&self, stop: &CancellationToken) -> bool {
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            let until = self.paused_until.load(Ordering::Relaxed);
+            if until == 0 {
+                return true;
+            }
+            let wait = now().until(Timestamp::from_millis(until));
+            if wait.is_zero() {
+                return true;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return false,
+                _ = changed => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// What the brake and the pause are doing now.
+    pub(crate) fn status(&self) -> BrakeStatus {
+        let (state, engaged_since) = match &self.brake {
+            Some(brake) => {
+                let brake = Self::lock(brake);
+                (Some(brake.state()), brake.engaged_since())
+            }
+            None => (None, None),
+        };
+        let pause = self.pause.lock().unwrap_or_else(|p| p.into_inner()).clone().filter(|p| p.holds_at(now()));
+        let recent_engagements = self.engagements.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+        BrakeStatus { topic: self.topic.clone(), state, engaged_since, recent_engagements, pause }
     }
 
     fn lock(brake: &Mutex<JitteredBrake>) -> std::sync::MutexGuard<'_, JitteredBrake> {
@@ -84,6 +195,9 @@ impl SharedBrake {
     /// record passes `held` and gets [`Admitted::HoldExpired`] once the
     /// brake may no longer hold it.
     pub(crate) async fn admit(&self, stop: &CancellationToken, held: bool) -> Option<Admitted<'_>> {
+        if !self.pass_pause(stop).await {
+            return None;
+        }
         let ticket = |run| Admitted::Run(Ticket { brake: self, run, started: now(), reported: false });
         // Without a brake, the start is never read: no clock read per record.
         let Some(brake) = &self.brake else {
@@ -153,6 +267,12 @@ impl SharedBrake {
             None => {}
             Some(BrakeChange::Engaged { failed, calls }) => {
                 self.metrics.brake_engaged(&self.topic);
+                let mut engagements = self.engagements.lock().unwrap_or_else(|p| p.into_inner());
+                if engagements.len() == RECENT_ENGAGEMENTS {
+                    engagements.pop_front();
+                }
+                engagements.push_back(Engagement { at: now(), failed, calls });
+                drop(engagements);
                 tracing::warn!(topic = %self.topic, failed, calls, "the brake engaged: {failed} of the last {calls} calls failed transiently; records wait instead of moving down the ladder, and the downstream is probed one record at a time");
             }
             Some(BrakeChange::ProbeFailed { until }) => {

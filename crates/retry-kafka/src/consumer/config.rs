@@ -182,6 +182,10 @@ pub struct ListenerConfig {
     pub publish_stall_after: Duration,
     /// How often the dead-letter backlog (`kafka_retry_dlq_backlog`) is measured.
     pub dlq_poll_interval: Duration,
+    /// How often the operators' pause of the listener is read (see
+    /// [`retry_core::pause`]): a pause or a resume reaches every instance
+    /// within this.
+    pub pause_poll_interval: Duration,
     /// How often each group's leader counts its topic's partitions: when
     /// the count changed (partitions were added), it rejoins so the new
     /// partitions get assigned.
@@ -238,6 +242,7 @@ impl ListenerConfig {
             publish_max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             publish_stall_after: Duration::from_secs(60),
             dlq_poll_interval: Duration::from_secs(15),
+            pause_poll_interval: Duration::from_secs(2),
             partition_check_interval: Duration::from_secs(30),
             window: retry_core::window::WindowConfig::default(),
             brake: None,
@@ -289,6 +294,11 @@ impl ListenerConfig {
             Some((
                 "ListenerConfig::publish_backoff_initial",
                 "publish_backoff_initial must be positive and at most publish_backoff_max".to_owned(),
+            ))
+        } else if self.pause_poll_interval.is_zero() || self.dlq_poll_interval.is_zero() {
+            Some((
+                "ListenerConfig::pause_poll_interval",
+                "pause_poll_interval and dlq_poll_interval must be positive".to_owned(),
             ))
         } else if self.publish_max_request_bytes < 1024 {
             Some(("ListenerConfig::publish_max_request_bytes", "must be at least 1024".to_owned()))

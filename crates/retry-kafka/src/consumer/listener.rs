@@ -7,9 +7,15 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    admin::dlq::BacklogMonitor,
+    admin::{dlq::BacklogMonitor, pause::PauseRecord},
     connection::cluster::Cluster,
-    consumer::{brake::SharedBrake, config::ListenerConfig, member::Member, shared::Shared},
+    consumer::{
+        brake::{BrakeStatus, SharedBrake},
+        config::ListenerConfig,
+        member::Member,
+        pause::PauseWatch,
+        shared::Shared,
+    },
     metrics::{Metrics, MetricsExposition},
     publisher::Publisher,
     stats::ListenerStats,
@@ -24,6 +30,25 @@ pub struct Listener {
     stats: Arc<ListenerStats>,
     metrics: Metrics,
     ready: Readiness,
+    brake: BrakeView,
+}
+
+/// The brake and the operators' pause of a listener, as operators see
+/// them; cheap to clone, so an operators' endpoint can hold one.
+#[derive(Clone)]
+pub struct BrakeView(Arc<SharedBrake>);
+
+impl BrakeView {
+    /// What they are doing now.
+    pub fn status(&self) -> BrakeStatus {
+        self.0.status()
+    }
+}
+
+impl std::fmt::Debug for BrakeView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("BrakeView").field(&self.status()).finish()
+    }
 }
 
 /// Whether a listener takes part in all its groups yet; cheap to clone, so a
@@ -69,7 +94,11 @@ impl Listener {
             members_joined: Default::default(),
             stalled: Default::default(),
             impaired: Default::default(),
-            brake: SharedBrake::new(config.brake, metrics.clone(), config.policy.topology().source_topic().as_str()),
+            brake: Arc::new(SharedBrake::new(
+                config.brake,
+                metrics.clone(),
+                config.policy.topology().source_topic().as_str(),
+            )),
             metrics: metrics.clone(),
             config,
         });
@@ -107,7 +136,18 @@ impl Listener {
             metrics: metrics.clone(),
         };
         tasks.spawn(monitor.run(shutdown.clone()));
-        Ok(Listener { shutdown, tasks, stats, metrics, ready })
+        let pause = PauseWatch {
+            record: PauseRecord::new(
+                shared.config.group_connection(),
+                &shared.config.groups,
+                shared.config.policy.topology(),
+            ),
+            interval: shared.config.pause_poll_interval,
+            brake: shared.brake.clone(),
+        };
+        tasks.spawn(pause.run(shutdown.clone()));
+        let brake = BrakeView(shared.brake.clone());
+        Ok(Listener { shutdown, tasks, stats, metrics, ready, brake })
     }
 
     /// Whether every group member has received its first assignment (the
@@ -122,6 +162,11 @@ impl Listener {
     /// A handle on [`is_ready`](Self::is_ready) that outlives borrows of the listener.
     pub fn readiness(&self) -> Readiness {
         self.ready.clone()
+    }
+
+    /// A handle on the listener's brake and the operators' pause.
+    pub fn brake(&self) -> BrakeView {
+        self.brake.clone()
     }
 
     /// The listener's Prometheus metrics, to serve (see

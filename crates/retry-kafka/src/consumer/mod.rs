@@ -4,7 +4,9 @@
 //! lasts; workers hand records to the handler (retry-core's `RecordHandler`), execute
 //! retry-core's decisions through the publisher, and report finished
 //! offsets to the committer (`commit`). Where a partition starts and
-//! whether a doubted position stands is decided in `position`, purely.
+//! whether a doubted position stands is decided in `position`, purely. Every
+//! instance reads the operators' pause of its listener in `pause`; records
+//! wait for it in `brake`.
 
 pub(crate) mod brake;
 pub(crate) mod commit;
@@ -12,6 +14,7 @@ pub(crate) mod config;
 pub(crate) mod fetched;
 pub(crate) mod listener;
 pub(crate) mod member;
+pub(crate) mod pause;
 pub(crate) mod position;
 pub(crate) mod shared;
 pub(crate) mod worker;

@@ -22,7 +22,7 @@ pub(crate) struct Shared<H> {
     /// How many troubles make the listener not ready besides stalls (see [`Impaired`]).
     pub(crate) impaired: Arc<std::sync::atomic::AtomicUsize>,
     /// The listener's outage brake, shared by every worker.
-    pub(crate) brake: SharedBrake,
+    pub(crate) brake: Arc<SharedBrake>,
 }
 
 /// A trouble that makes the listener not ready for as long as this lives:
