@@ -1,7 +1,8 @@
 //! The operators' API under `/admin`, on a listener of its own
 //! (`OPERATOR_LISTEN`): look at the dead-letter topic, replay records into
-//! the ladder as jobs, or acknowledge them. By hand only: nothing here runs
-//! on a schedule.
+//! the ladder as jobs, or acknowledge them; see the listener's brake and
+//! lag, pause or resume it on every instance. By hand only: nothing here
+//! runs on a schedule. The console (`/console`) is a page that calls it.
 //!
 //! Mounted only when `ADMIN_TOKEN` (or `ADMIN_TOKEN_FILE`) is set; every
 //! request needs `Authorization: Bearer <token>`, compared in constant time.
@@ -14,6 +15,7 @@
 pub(crate) mod api;
 mod audit;
 mod auth;
+mod console;
 mod handlers;
 mod jobs;
 mod openapi;
@@ -45,9 +47,9 @@ pub(crate) use self::{
     state::{Operators, MAX_BODY_BYTES},
 };
 
-/// The `/admin` routes.
+/// The `/admin` routes, and the console at `/console` that calls them.
 pub(crate) fn routes<S: DeadLetterStore>(operators: Arc<Operators<S>>) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/admin/dlq", get(list::<S>))
         .route("/admin/dlq/replays", get(replay_jobs::<S>))
         .route("/admin/dlq/replays/{id}", get(replay_job::<S>))
@@ -61,7 +63,8 @@ pub(crate) fn routes<S: DeadLetterStore>(operators: Arc<Operators<S>>) -> Router
         .layer(middleware::from_fn_with_state(operators.clone(), authorize::<S>))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(audit))
-        .with_state(operators)
+        .with_state(operators);
+    api.merge(console::routes())
 }
 
 async fn authorize<S: DeadLetterStore>(State(ops): State<Arc<Operators<S>>>, request: Request, next: Next) -> Response {

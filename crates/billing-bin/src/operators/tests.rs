@@ -496,3 +496,39 @@ fn headers_are_text_when_readable_and_base64_otherwise() {
     check("<script>é</script>".as_bytes(), Some("<script>é</script>"), None);
     check(b"line\x1b[31m", None, Some("bGluZRtbMzFt"));
 }
+
+#[tokio::test]
+async fn the_console_loads_without_the_token_and_forbids_what_it_does_not_need() {
+    let api = start(None).await;
+    for (path, content_type) in [
+        ("/console", "text/html; charset=utf-8"),
+        ("/console/", "text/html; charset=utf-8"),
+        ("/console/console.js", "text/javascript; charset=utf-8"),
+        ("/console/console.css", "text/css; charset=utf-8"),
+    ] {
+        let response = api.http.get(format!("http://{}{path}", api.server.addr())).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        assert_eq!(header("content-type"), content_type, "{path}");
+        assert_eq!(header("content-security-policy"), super::console::CONTENT_SECURITY_POLICY, "{path}");
+        assert!(!header("content-security-policy").contains("unsafe"), "{path}");
+        assert_eq!((header("x-frame-options"), header("x-content-type-options")), ("DENY".into(), "nosniff".into()));
+        assert!(response.headers().get("set-cookie").is_none(), "{path}");
+    }
+    // The page has no inline script or style, and loads nothing from elsewhere.
+    let page = api.http.get(format!("http://{}/console", api.server.addr())).send().await.unwrap().text().await.unwrap();
+    let handler = page.split(" on").skip(1).any(|rest| {
+        let name: String = rest.chars().take_while(char::is_ascii_alphabetic).collect();
+        !name.is_empty() && rest[name.len()..].starts_with('=')
+    });
+    assert!(!page.contains("<script>") && !page.contains("style=") && !handler, "{page}");
+    assert!(!page.contains("http:") && !page.contains("https:") && !page.contains("//cdn"), "{page}");
+    // The script puts what records carry in the page as text only.
+    let script = super::console::SCRIPT;
+    for markup in ["innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"] {
+        assert!(!script.contains(markup), "the console's script uses {markup}");
+    }
+    // The API it calls still needs the token.
+    let (status, _) = api.call(Method::GET, "/admin/listener", None, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
