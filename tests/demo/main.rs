@@ -81,6 +81,10 @@ struct Args {
     /// outage fill the dead-letter topic instead.
     #[arg(long, default_value = "on")]
     brake: String,
+    /// Keep billing-bin running once the demo is done, with its operators'
+    /// console open (its address and token are printed), until Ctrl-C.
+    #[arg(long)]
+    console: bool,
 }
 
 /// Partitions of every topic of the ladder.
@@ -142,7 +146,16 @@ async fn main() -> ExitCode {
         .and_then(|l| l.local_addr())
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "127.0.0.1:18080".into());
+    let operators = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "127.0.0.1:18081".into());
+    // A token for this run only, printed for the person watching.
+    let token = format!("demo-{}", uuid::Uuid::new_v4().simple());
+    println!("operators' console: http://{operators}/console (token {token}, for this run only)");
     let env: Vec<(&str, String)> = vec![
+        ("ADMIN_TOKEN", token.clone()),
+        ("OPERATOR_LISTEN", operators.clone()),
         ("KAFKA_BROKERS", brokers.clone()),
         ("BILLING_TOPIC", source.clone()),
         ("BILLING_GROUP_ID", group.clone()),
@@ -267,6 +280,13 @@ async fn main() -> ExitCode {
             args.latency,
             args.max_in_flight.map_or("billing-bin's default".to_owned(), |m| m.to_string())
         );
+    }
+    if args.console {
+        println!(
+            "\nthe demo is done; billing-bin keeps running with its dead letters for the console:\n  \
+             http://{operators}/console (token {token})\npress Ctrl-C to stop it"
+        );
+        let _ = tokio::signal::ctrl_c().await;
     }
     match service.stop().await {
         Ok(status) if status.success() => println!("billing-bin stopped on SIGTERM ({status})"),

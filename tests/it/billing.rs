@@ -183,7 +183,7 @@ pub(crate) struct Service {
     /// Probes and metrics.
     admin: String,
     /// The operators' API, when ADMIN_TOKEN is set.
-    operators: String,
+    pub(crate) operators: String,
     log: PathBuf,
 }
 

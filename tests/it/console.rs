@@ -1,9 +1,9 @@
-//! The operators' pause of a listener across instances, through the API
-//! and `billing-bin dlq`.
+//! The operators' console in a real browser, and the operators' pause of a
+//! listener across instances, through the API and `billing-bin dlq`.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
-use integration::fake_provider::{FakeProvider, Faults};
+use integration::fake_provider::{FakeProvider, Faults, Script};
 use reqwest::Method;
 
 use crate::{
@@ -107,4 +107,103 @@ async fn a_pause_holds_every_instance_until_it_ends_or_is_resumed() {
     assert!(log_second.contains("operators paused the listener"), "{log_second}");
     first.stop().await;
     second.stop().await;
+}
+
+fn needed(name: &str) -> String {
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => value,
+        _ => panic!(
+            "{name} is not set: run these tests with `cargo xtask integration`, which installs the browser's tools"
+        ),
+    }
+}
+
+#[tokio::test]
+async fn the_console_shows_replays_and_acknowledges_dead_letters_in_a_browser() {
+    let setup = Setup { partitions: 2, ..Setup::new("billing-console") };
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    // Dead letters: orders that fail on every rung (they succeed when
+    // replayed), and one the provider rejects.
+    let mut failing = Vec::new();
+    for partition in [0, 0, 1, 1] {
+        let (order, json) = event("19.90");
+        provider.script(&order.to_string(), Script::FailTimes { times: 3 });
+        produce(&setup.topic, partition, &order.to_string(), &json, &[]).await;
+        failing.push(order.to_string());
+    }
+    let (rejected, json) = event("5.00");
+    provider.script(&rejected.to_string(), Script::Reject);
+    produce(&setup.topic, 1, &rejected.to_string(), &json, &[]).await;
+    // And a hostile record, as anyone with write access could put there.
+    let xss_key = r#"<script>window.__xss=1</script>"#;
+    let xss_payload = r#"{"note":"\"><img src=x onerror=window.__xss=2>","x":"<script>window.__xss=3</script>"}"#;
+    produce(
+        setup.topology().dead_letter_topic().as_str(),
+        1,
+        xss_key,
+        xss_payload,
+        &[("x-evil", b"\"><img src=x onerror=window.__xss=4><script>window.__xss=5</script>")],
+    )
+    .await;
+
+    let env = [("ADMIN_TOKEN", TOKEN), ("BILLING_BRAKE", "off")];
+    let service = setup.start_with(&provider, &env).await;
+    eventually("six dead letters", Duration::from_secs(60), || async {
+        let (_, list) = call(&service, Method::GET, "/admin/dlq", Some(TOKEN), None).await;
+        (list["topics"][0]["backlog"].as_i64() == Some(6)).then_some(())
+    })
+    .await;
+    let charged_before = provider.ledger().len();
+    // The browser replays the first dead letter of partition 0 and
+    // acknowledges the second: in order, which every broker can record
+    // (tansu drops the commit metadata that records out of order need).
+    let dlq = setup.topology().dead_letter_topic().to_string();
+    let (_, page) =
+        call(&service, Method::GET, &format!("/admin/dlq/{dlq}/messages?partition=0"), Some(TOKEN), None).await;
+    let key = |i: usize| page["messages"][i]["key"]["text"].as_str().unwrap().to_owned();
+    let (replayed, acknowledged) = (key(0), key(1));
+
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let shots = root.parent().unwrap().join("target").join("console-screenshots");
+    let output = integration::within(
+        "the console's browser test",
+        tokio::process::Command::new("node")
+            .arg(root.join("console").join("console.test.cjs"))
+            .env("KAFKA_RETRY_NODE_MODULES", needed("KAFKA_RETRY_NODE_MODULES"))
+            .env("KAFKA_RETRY_CHROMIUM", needed("KAFKA_RETRY_CHROMIUM"))
+            .env("CONSOLE_URL", format!("http://{}", service.operators))
+            .env("CONSOLE_TOKEN", TOKEN)
+            .env("CONSOLE_REPLAY_KEY", &replayed)
+            .env("CONSOLE_ACK_KEY", &acknowledged)
+            .env("CONSOLE_XSS_KEY", xss_key)
+            .env("CONSOLE_XSS_PAYLOAD", xss_payload)
+            .env("CONSOLE_SCREENSHOTS", &shots)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("node runs");
+    let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    eprintln!("{said}");
+    assert!(output.status.success(), "the browser test failed:\n{said}");
+
+    // What the browser did, the service did: the replayed order is charged
+    // once, and every action is in the audit log under the operator's name.
+    eventually("the replayed order charged", Duration::from_secs(60), || async {
+        provider.ledger().iter().any(|c| c.order_id == replayed).then_some(())
+    })
+    .await;
+    assert_eq!(provider.ledger().len(), charged_before + 1, "only the replayed order was charged");
+    let log = service.log();
+    for route in ["/replay", "/ack", "/admin/listener/pause", "/admin/listener/resume"] {
+        assert!(
+            log.lines().any(|l| l.contains("audit") && l.contains(route) && l.contains("console-test")),
+            "{route} is not audited under console-test:\n{log}"
+        );
+    }
+    for shot in ["overview-1280.png", "explorer-1280.png", "overview-390.png", "explorer-390.png"] {
+        assert!(shots.join(shot).metadata().map(|m| m.len() > 10_000).unwrap_or(false), "{shot} was not written");
+    }
+    service.stop().await;
 }

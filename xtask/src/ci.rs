@@ -348,7 +348,10 @@ fn run_integration_tests(target: &Target<'_>, built: &Built, scope: Scope, test_
     let test_args: Vec<String> = test_args.iter().filter(|a| *a != "--").cloned().collect();
     let test_args = test_args.as_slice();
     let python = crate::python::interop_python()?;
+    let (chromium, node_modules) = crate::browser::console_tools()?;
     let mut envs: Vec<(String, String)> = vec![
+        (crate::browser::CHROMIUM_ENV.to_owned(), chromium.display().to_string()),
+        (crate::browser::NODE_MODULES_ENV.to_owned(), node_modules.display().to_string()),
         (BROKERS_ENV.to_owned(), target.addr.to_owned()),
         (BROKER_KIND_ENV.to_owned(), target.kind.name()),
         (BILLING_BIN_ENV.to_owned(), built.billing_bin.display().to_string()),

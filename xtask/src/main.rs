@@ -9,6 +9,7 @@
 mod bench;
 mod book;
 mod broker;
+mod browser;
 mod ci;
 mod circles;
 mod demo;

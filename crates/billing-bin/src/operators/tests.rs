@@ -516,7 +516,8 @@ async fn the_console_loads_without_the_token_and_forbids_what_it_does_not_need()
         assert!(response.headers().get("set-cookie").is_none(), "{path}");
     }
     // The page has no inline script or style, and loads nothing from elsewhere.
-    let page = api.http.get(format!("http://{}/console", api.server.addr())).send().await.unwrap().text().await.unwrap();
+    let page =
+        api.http.get(format!("http://{}/console", api.server.addr())).send().await.unwrap().text().await.unwrap();
     let handler = page.split(" on").skip(1).any(|rest| {
         let name: String = rest.chars().take_while(char::is_ascii_alphabetic).collect();
         !name.is_empty() && rest[name.len()..].starts_with('=')
