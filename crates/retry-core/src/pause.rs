@@ -44,6 +44,14 @@ const BY: &str = "paused-by:";
 const REASON: &str = "\nreason:";
 
 /// A pause of a listener, as its group keeps it.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::{pause::ListenerPause, Timestamp};
+///
+/// let pause = ListenerPause::new(Timestamp::from_millis(0), Duration::from_secs(60), "10.0.0.7:51234", "").unwrap();
+/// assert_eq!((pause.until.as_millis(), pause.by.as_str()), (60_000, "10.0.0.7:51234"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenerPause {
     /// When records run again.
@@ -56,6 +64,15 @@ pub struct ListenerPause {
 }
 
 /// Why a pause was refused.
+///
+/// ```
+/// use std::time::Duration;
+/// use retry_core::{pause::{ListenerPause, PauseRefused}, Timestamp};
+///
+/// let refused = ListenerPause::new(Timestamp::from_millis(0), Duration::from_secs(8 * 24 * 3600), "ana", "");
+/// assert_eq!(refused, Err(PauseRefused::Duration(Duration::from_secs(8 * 24 * 3600))));
+/// assert_eq!(refused.unwrap_err().to_string(), "a pause lasts from 1s to 7 days (168h), not 691200s");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PauseRefused {
