@@ -164,6 +164,31 @@ async fn the_console_shows_replays_and_acknowledges_dead_letters_in_a_browser() 
         call(&service, Method::GET, &format!("/admin/dlq/{dlq}/messages?partition=0"), Some(TOKEN), None).await;
     let key = |i: usize| page["messages"][i]["key"]["text"].as_str().unwrap().to_owned();
     let (replayed, acknowledged) = (key(0), key(1));
+    // Reading from a time: the broker's offset for it, in every partition.
+    let since = |ms: i64| {
+        let path = format!("/admin/dlq/{dlq}/messages?since_ms={ms}");
+        let service = &service;
+        async move {
+            let (status, page) = call(service, Method::GET, &path, Some(TOKEN), None).await;
+            assert_eq!(status, 200, "{page}");
+            page["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| (m["partition"].as_i64().unwrap(), m["offset"].as_i64().unwrap()))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(since(0).await.len(), 6);
+    let now_ms = retry_core::Timestamp::from(std::time::SystemTime::now()).as_millis();
+    assert_eq!(since(now_ms + 3_600_000).await, []);
+    let second = page["messages"][1]["timestamp"].as_i64().unwrap();
+    let first_at_or_after = if page["messages"][0]["timestamp"].as_i64().unwrap() >= second { 0 } else { 1 };
+    assert!(
+        since(second).await.contains(&(0, first_at_or_after)),
+        "partition 0 is read from offset {first_at_or_after}"
+    );
+    assert!(!since(second).await.contains(&(0, first_at_or_after - 1)));
 
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let shots = root.parent().unwrap().join("target").join("console-screenshots");

@@ -309,7 +309,7 @@ async fn browse_pages_cover_every_partition_and_are_capped_in_bytes() {
     eventually("the dead letters", SETTLE, || async { (listener.stats().snapshot().dead_lettered == 3).then_some(()) })
         .await;
     let admin = admin(&ladder).await;
-    let page = |max_bytes| BrowsePage { partition: None, from: None, limit: 10, max_bytes };
+    let page = |max_bytes| BrowsePage { partition: None, from: None, since: None, limit: 10, max_bytes };
     let all = admin.browse_page(&page(usize::MAX)).await.unwrap();
     let seen: Vec<(i32, &[u8])> = all.iter().map(|d| (d.partition, d.key.as_deref().unwrap())).collect();
     assert_eq!(seen.len(), 3, "{seen:?}");

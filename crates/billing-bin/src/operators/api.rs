@@ -94,6 +94,10 @@ pub(crate) struct MessagesQuery {
     pub(crate) partition: Option<i32>,
     /// With a partition, the first offset (default: the oldest kept).
     pub(crate) offset: Option<i64>,
+    /// In each partition read, start at the first record dead-lettered at
+    /// or after this time (ms since the epoch), or later where the offset
+    /// or the operators' position say so.
+    pub(crate) since_ms: Option<i64>,
     /// How many records, 1 to 100 (default 20).
     pub(crate) limit: Option<usize>,
 }

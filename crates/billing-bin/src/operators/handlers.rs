@@ -88,8 +88,8 @@ pub(crate) async fn messages<S: DeadLetterStore>(
     if limit == 0 || limit > MAX_PAGE {
         return Err(bad_request(format!("limit must be between 1 and {MAX_PAGE}")));
     }
-    if query.offset.is_some_and(|o| o < 0) {
-        return Err(bad_request("offset must not be negative"));
+    if query.offset.is_some_and(|o| o < 0) || query.since_ms.is_some_and(|t| t < 0) {
+        return Err(bad_request("offset and since_ms must not be negative"));
     }
     if query.offset.is_some() && query.partition.is_none() {
         return Err(bad_request(
@@ -102,7 +102,13 @@ pub(crate) async fn messages<S: DeadLetterStore>(
             return Err(Refusal(StatusCode::NOT_FOUND, format!("{topic} has no partition {partition}")));
         }
     }
-    let page = BrowsePage { partition: query.partition, from: query.offset, limit, max_bytes: MAX_PAGE_BYTES };
+    let page = BrowsePage {
+        partition: query.partition,
+        from: query.offset,
+        since: query.since_ms.map(retry_core::Timestamp::from_millis),
+        limit,
+        max_bytes: MAX_PAGE_BYTES,
+    };
     let records = ops.store.browse(&page).await?;
     let bytes: usize = records.iter().map(|r| r.size()).sum();
     let mut next_offsets = std::collections::BTreeMap::new();

@@ -162,6 +162,10 @@ pub struct BrowsePage {
     pub partition: Option<i32>,
     /// With a partition, the first offset (the oldest kept record by default).
     pub from: Option<i64>,
+    /// In each partition read, start at the first record written at or
+    /// after this time (or after `from` and the operators' position, when
+    /// they come later): the broker's offset for the time.
+    pub since: Option<Timestamp>,
     /// The most records.
     pub limit: usize,
     /// The most bytes of keys, values and headers (at least one record).
@@ -639,6 +643,18 @@ impl DeadLetterAdmin {
         Ok(fetched.readable.items.into_items().map(|item| Read::of(item, partition)).collect())
     }
 
+    /// The first offset of `pc`'s partition written at or after `at`;
+    /// `end` when none was.
+    async fn offset_at_time(&self, pc: &PartitionClient, at: Timestamp, end: i64) -> Result<i64> {
+        let Some(at) = chrono::DateTime::from_timestamp_millis(at.as_millis()) else {
+            return Ok(end);
+        };
+        let what = || format!("the offset of {}/{} at a time", self.topic(), pc.partition());
+        let offset = deadline(self.cluster.request_timeout(), what, pc.get_offset(OffsetAt::Timestamp(at))).await?;
+        // Kafka answers -1 when no record is that recent.
+        Ok(if offset < 0 { end } else { offset.min(end) })
+    }
+
     /// Up to `limit` records of `partition` from offset `from` on.
     pub async fn browse(&self, partition: i32, from: i64, limit: usize) -> Result<Vec<DeadLetter>> {
         let pc = self.partition(partition).await?;
@@ -665,6 +681,10 @@ impl DeadLetterAdmin {
                 (None, _) => p.acknowledged.unwrap_or(p.earliest).max(p.earliest),
             };
             let pc = self.partition(p.partition).await?;
+            let from = match page.since {
+                Some(since) => from.max(self.offset_at_time(&pc, since, p.end).await?),
+                None => from,
+            };
             let records = self.read(&pc, from, p.end, page.limit - out.len(), page.max_bytes - bytes).await?;
             bytes += records.iter().map(DeadLetter::size).sum::<usize>();
             out.extend(records);

@@ -221,6 +221,8 @@
     const partition = $('browse-partition').value;
     const limit = $('browse-limit').value;
     let path = `/admin/dlq/${encodeURIComponent(state.topic)}/messages?limit=${limit}`;
+    const since = $('browse-since').value;
+    if (since && !more) path += `&since_ms=${new Date(since).getTime()}`;
     if (partition !== '') {
       path += `&partition=${partition}`;
       const from = more && state.next ? state.next.offset : $('browse-offset').value;
