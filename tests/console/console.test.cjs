@@ -107,7 +107,9 @@ async function main() {
     await page.waitForSelector('#record:not([hidden])');
     check((await page.textContent('#payload')).includes(REPLAY_KEY), 'the record view shows the payload, pretty-printed');
     check((await page.textContent('#headers')).includes('x-retry-attempt'), 'the record view lists the retry headers');
-    check((await page.$$('#timeline li')).length >= 2, 'the record view shows the attempts');
+    const timeline = await page.$$eval('#timeline li', (lis) => lis.map((li) => li.textContent));
+    check(timeline.filter((t) => / attempt \d failed/.test(t)).length === 3 && timeline.some((t) => t.includes('after it was due')),
+      `the record view shows when each attempt was due and failed (${timeline.join(' | ')})`);
     await axe(page, 'the explorer with a record open');
     await page.screenshot({ path: path.join(SHOTS, 'explorer-1280.png'), fullPage: true });
     await page.check('#records tbody tr input[type=checkbox]');

@@ -267,6 +267,24 @@ impl RetryPolicy {
         outcome: &Result<(), HandlerError>,
         now: Timestamp,
     ) -> Decision {
+        let mut decision = self.decide_hop(stage, record, outcome, now);
+        if let Decision::Retry { headers, .. } | Decision::DeadLetter { headers, .. } = &mut decision {
+            // This attempt was due when the hop before said (a first
+            // attempt, when its record was produced), and failed now.
+            let due_at = stage.rung().and_then(|_| RetryHeaders::decode(record.headers).ok()?.due_at);
+            crate::history::append(headers, record.headers, crate::history::AttemptTimes { due_at, failed_at: now });
+        }
+        decision
+    }
+
+    /// [`RetryPolicy::decide`] before the attempt's times are recorded.
+    fn decide_hop(
+        &self,
+        stage: Stage,
+        record: &RecordMeta<'_>,
+        outcome: &Result<(), HandlerError>,
+        now: Timestamp,
+    ) -> Decision {
         let error = match outcome {
             Ok(()) => return Decision::Commit,
             Err(error) => error,

@@ -50,9 +50,11 @@ pub mod header_names {
     /// ms since the epoch: the event is handled whatever its age. Written by
     /// such a replay and carried forward like `x-replay-count`.
     pub const WINDOW_OVERRIDDEN_AT: &str = "x-idempotency-window-overridden-at";
+    /// When each attempt was due and failed (see [`crate::history`]).
+    pub const HISTORY: &str = "x-retry-history";
 
     /// Every header name above.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         ATTEMPT,
         ORIGINAL_TOPIC,
         ORIGINAL_PARTITION,
@@ -66,6 +68,7 @@ pub mod header_names {
         REPLAY_COUNT,
         FIRST_TIMESTAMP,
         WINDOW_OVERRIDDEN_AT,
+        HISTORY,
     ];
 
     /// Whether `name` is one of ours.
@@ -332,7 +335,11 @@ impl fmt::Display for DeadLetterReason {
 /// assert_eq!(ours.due_at, Some(Timestamp::from_millis(6_000)));
 /// let mut again = Headers::new();
 /// ours.encode_into(&mut again);
-/// assert_eq!(again, headers);
+/// // The same headers, but the attempts' times (see `retry_core::history`).
+/// assert_eq!(headers.get("x-retry-history"), Some(&b"-/1000"[..]));
+/// let mut without_history = headers.clone();
+/// without_history.remove("x-retry-history");
+/// assert_eq!(again, without_history);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryHeaders {

@@ -79,6 +79,7 @@ mod failure;
 pub mod groups;
 mod handler;
 mod headers;
+pub mod history;
 pub mod operators;
 pub mod pause;
 pub mod replay;

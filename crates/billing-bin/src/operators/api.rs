@@ -167,6 +167,19 @@ pub(crate) struct RetryInfo {
     pub(crate) replay_count: Option<u32>,
     /// When its event was first produced, before any replay, in ms since the epoch.
     pub(crate) first_seen_at: Option<i64>,
+    /// Each failed attempt of this pass through the ladder, oldest first
+    /// (empty for records written before the ladder recorded them).
+    #[serde(default)]
+    pub(crate) attempts: Vec<AttemptAnswer>,
+}
+
+/// One failed attempt.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub(crate) struct AttemptAnswer {
+    /// When it was due, in ms since the epoch; absent for the first (due when produced).
+    pub(crate) due_at_ms: Option<i64>,
+    /// When it failed, in ms since the epoch.
+    pub(crate) failed_at_ms: i64,
 }
 
 /// A dead-lettered record.
@@ -223,6 +236,13 @@ impl Message {
                 replay_count: Some(h.replay_count),
                 first_seen_at: Some(h.first_seen().as_millis()),
                 error: Some(h.error),
+                attempts: retry_core::history::read(&d.headers)
+                    .into_iter()
+                    .map(|a| AttemptAnswer {
+                        due_at_ms: a.due_at.map(|t| t.as_millis()),
+                        failed_at_ms: a.failed_at.as_millis(),
+                    })
+                    .collect(),
             },
             Err(e) => RetryInfo { undecodable: Some(e.to_string()), ..RetryInfo::default() },
         };

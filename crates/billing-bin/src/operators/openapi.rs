@@ -41,6 +41,7 @@ use super::{api, handlers};
         api::Content,
         api::Header,
         api::RetryInfo,
+        api::AttemptAnswer,
         api::ReplayBody,
         api::ReplayJob,
         api::JobState,

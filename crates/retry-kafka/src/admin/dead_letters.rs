@@ -162,9 +162,11 @@ pub struct BrowsePage {
     pub partition: Option<i32>,
     /// With a partition, the first offset (the oldest kept record by default).
     pub from: Option<i64>,
-    /// In each partition read, start at the first record written at or
-    /// after this time (or after `from` and the operators' position, when
-    /// they come later): the broker's offset for the time.
+    /// In each partition read, only records written at or after this time:
+    /// from the broker's offset for the time (or `from` and the operators'
+    /// position, when they come later), passing over earlier ones (brokers
+    /// that answer the offset for a time loosely, tansu for one, and
+    /// timestamps out of order).
     pub since: Option<Timestamp>,
     /// The most records.
     pub limit: usize,
@@ -584,7 +586,8 @@ impl DeadLetterAdmin {
     }
 
     /// Up to `limit` records of `partition` from offset `from`, before
-    /// `end`, and no more once they hold `max_bytes` (at least one record).
+    /// `end`, and no more once they hold `max_bytes` (at least one record);
+    /// records written before `since` are passed over.
     async fn read(
         &self,
         pc: &PartitionClient,
@@ -592,23 +595,27 @@ impl DeadLetterAdmin {
         end: i64,
         limit: usize,
         max_bytes: usize,
+        since: Option<Timestamp>,
     ) -> Result<Vec<DeadLetter>> {
         let mut out = Vec::new();
         let mut offset = from;
         let mut bytes = 0;
         while offset < end && out.len() < limit && bytes < max_bytes {
             let records = self.fetch(pc.partition(), offset, FETCH_BYTES).await?;
-            let before = out.len();
+            let before = offset;
             for r in records {
                 if r.offset < offset || r.offset >= end || out.len() >= limit || bytes >= max_bytes {
                     continue;
                 }
                 offset = r.offset + 1;
                 let record = r.into_dead_letter();
+                if since.is_some_and(|since| record.timestamp.is_some_and(|t| t < since)) {
+                    continue;
+                }
                 bytes += record.size();
                 out.push(record);
             }
-            if out.len() == before {
+            if offset == before {
                 break; // nothing more below `end` (compacted or deleted offsets)
             }
         }
@@ -660,7 +667,7 @@ impl DeadLetterAdmin {
         let pc = self.partition(partition).await?;
         let end = self.offsets(&pc, OffsetAt::Latest, self.topic()).await?;
         let earliest = self.offsets(&pc, OffsetAt::Earliest, self.topic()).await?;
-        self.read(&pc, from.max(earliest), end, limit, usize::MAX).await
+        self.read(&pc, from.max(earliest), end, limit, usize::MAX, None).await
     }
 
     /// One page of what `page` asks for: records of one partition from an
@@ -685,7 +692,8 @@ impl DeadLetterAdmin {
                 Some(since) => from.max(self.offset_at_time(&pc, since, p.end).await?),
                 None => from,
             };
-            let records = self.read(&pc, from, p.end, page.limit - out.len(), page.max_bytes - bytes).await?;
+            let records =
+                self.read(&pc, from, p.end, page.limit - out.len(), page.max_bytes - bytes, page.since).await?;
             bytes += records.iter().map(DeadLetter::size).sum::<usize>();
             out.extend(records);
         }

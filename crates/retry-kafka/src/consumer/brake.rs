@@ -48,7 +48,7 @@ pub(crate) struct SharedBrake {
 const RECENT_ENGAGEMENTS: usize = 10;
 
 /// What a listener's brake and the operators' pause are doing, as
-/// [`BrakeView::status`] reads it.
+/// [`BrakeView::status`](crate::BrakeView::status) reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrakeStatus {
     /// The listener's source topic.

@@ -321,8 +321,15 @@
     const timeline = $('timeline');
     clear(timeline);
     if (r.retry.first_seen_at) timeline.append(el('li', {}, `${when(r.retry.first_seen_at)}: the event was first produced`));
-    if (r.retry.first_failure_at) timeline.append(el('li', {}, `${when(r.retry.first_failure_at)}: attempt 1 failed`));
-    if (r.retry.attempt > 1) timeline.append(el('li', {}, `attempts 2 to ${r.retry.attempt} ran on the retry rungs, each when due`));
+    const attempts = r.retry.attempts || [];
+    attempts.forEach((a, i) => {
+      const late = a.due_at_ms ? `, ${Math.max(0, a.failed_at_ms - a.due_at_ms)} ms after it was due at ${when(a.due_at_ms)}` : ' (due when produced)';
+      timeline.append(el('li', {}, `${when(a.failed_at_ms)}: attempt ${i + 1} failed${late}`));
+    });
+    if (attempts.length === 0 && r.retry.first_failure_at) {
+      timeline.append(el('li', {}, `${when(r.retry.first_failure_at)}: attempt 1 failed`));
+      if (r.retry.attempt > 1) timeline.append(el('li', {}, `attempts 2 to ${r.retry.attempt}: not recorded by the ladder that wrote this record`));
+    }
     timeline.append(el('li', {}, `${when(r.timestamp)}: dead-lettered${r.retry.reason ? ` (${r.retry.reason})` : ''}`));
 
     const headers = $('headers').tBodies[0];
