@@ -44,6 +44,15 @@ pub struct AttemptTimes {
 
 /// The attempts `headers` record, oldest first; none when the header is
 /// absent or does not parse.
+///
+/// ```
+/// use retry_core::{history, Headers};
+///
+/// let mut headers = Headers::new();
+/// assert!(history::read(&headers).is_empty());
+/// headers.insert("x-retry-history", "-/1000");
+/// assert_eq!(history::read(&headers)[0].failed_at.as_millis(), 1000);
+/// ```
 pub fn read(headers: &Headers) -> Vec<AttemptTimes> {
     let Some(value) = headers.get(HISTORY).and_then(|v| std::str::from_utf8(v).ok()) else {
         return Vec::new();
