@@ -172,7 +172,7 @@ impl Setup {
     }
 }
 
-fn free_addr() -> String {
+pub(crate) fn free_addr() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().to_string()
 }

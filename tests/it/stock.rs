@@ -89,7 +89,16 @@ async fn the_stock_service_reserves_retries_short_stock_and_dead_letters_what_it
         let out = within("stock-service create-topics", service(&["create-topics"]).output()).await.unwrap();
         assert!(out.status.success(), "create-topics failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let mut running = service(&[]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    // With a token, it serves the operators' API and console of its ladder.
+    let operators = crate::billing::free_addr();
+    let token = "stock-operators-token-0123456789";
+    let mut running = service(&[])
+        .env("ADMIN_TOKEN", token)
+        .env("OPERATOR_LISTEN", &operators)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
 
     let order = |id: &str| format!(r#"{{"event_id":"event-{id}","order_id":"{id}"}}"#);
     for id in ["short", "unknown-sku", "plain"] {
@@ -107,6 +116,29 @@ async fn the_stock_service_reserves_retries_short_stock_and_dead_letters_what_it
         (inventory.requests_for("short").len() == 3).then_some(())
     })
     .await;
+    // The console loads, and the API it calls sees the stock ladder's dead
+    // letters and listener.
+    let http = reqwest::Client::new();
+    let console = http.get(format!("http://{operators}/console")).send().await.unwrap();
+    assert_eq!(console.status(), 200);
+    assert!(console.headers()["content-security-policy"].to_str().unwrap().contains("script-src 'self'"));
+    let admin = |path: &str| {
+        let request = http.get(format!("http://{operators}{path}")).bearer_auth(token);
+        async move { request.send().await.unwrap().json::<serde_json::Value>().await.unwrap() }
+    };
+    let list = admin("/admin/dlq").await;
+    assert_eq!(
+        (list["topics"][0]["topic"].as_str(), list["topics"][0]["backlog"].as_i64()),
+        (Some(dlq), Some(2)),
+        "{list}"
+    );
+    let listener = eventually("the stock listener's brake shown", SETTLE, || async {
+        let listener = admin("/admin/listener").await;
+        (listener["consumed_here"] == true).then_some(listener)
+    })
+    .await;
+    assert_eq!(listener["group"], format!("{topic}-stock"), "{listener}");
+
     let pid = running.id().unwrap().to_string();
     std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     let status = within("stock-service to stop", running.wait()).await.unwrap();

@@ -16,7 +16,7 @@ use axum::{
 };
 use retry_kafka::{MetricsExposition, Readiness};
 
-use crate::http::{HttpLimits, Server};
+use retry_operators::http::{HttpLimits, Server};
 
 /// The running admin server.
 pub(crate) struct Admin {
@@ -51,7 +51,7 @@ pub(crate) async fn serve(addr: SocketAddr, limits: HttpLimits) -> std::io::Resu
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(ready.clone());
-    let server = crate::http::serve("ADMIN_LISTEN", addr, app, limits).await?;
+    let server = retry_operators::http::serve("ADMIN_LISTEN", addr, app, limits).await?;
     Ok(Admin { server, ready })
 }
 

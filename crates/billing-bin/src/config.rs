@@ -321,7 +321,7 @@ impl OperatorArgs {
     }
 
     /// The limits of both HTTP listeners.
-    pub(crate) fn http_limits(&self) -> Result<crate::http::HttpLimits, Failure> {
+    pub(crate) fn http_limits(&self) -> Result<retry_operators::http::HttpLimits, Failure> {
         if self.http_header_read_timeout.is_zero() || self.http_request_timeout.is_zero() {
             return Err(Failure::Config(
                 "HTTP_HEADER_READ_TIMEOUT and HTTP_REQUEST_TIMEOUT must be longer than zero".into(),
@@ -333,7 +333,7 @@ impl OperatorArgs {
         if self.operator_max_auth_failures == 0 {
             return Err(Failure::Config("OPERATOR_MAX_AUTH_FAILURES must be at least 1".into()));
         }
-        Ok(crate::http::HttpLimits {
+        Ok(retry_operators::http::HttpLimits {
             header_read_timeout: self.http_header_read_timeout,
             request_timeout: self.http_request_timeout,
             max_connections: self.http_max_connections,

@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use crate::{
     config::{DlqAction, DlqArgs, KafkaArgs},
-    operators::api::{AckBody, JobState, PauseBody, ReplayBody, ReplayJob},
     Failure,
 };
+use retry_operators::api::{AckBody, JobState, PauseBody, ReplayBody, ReplayJob};
 
 /// How often a running replay is asked for its progress.
 const POLL: Duration = Duration::from_millis(500);

@@ -18,14 +18,13 @@ mod admin;
 mod config;
 mod dlq_cli;
 mod failure;
-mod http;
-mod operators;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use retry_core::{RetryPolicy, RetryTopology};
 use retry_kafka::{Created, CreatedTopic, Error as KafkaError, Listener, TopicPlan};
+use retry_operators::{OperatorsConfig, OperatorsServer};
 use tracing::{error, info};
 
 use crate::{
@@ -132,15 +131,15 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
         .collect();
     let listener = Listener::start(config, Arc::new(handler)).await?;
     admin.set_running(listener.readiness(), listener.metrics());
-    if let Some((_, operators)) = &operators_server {
-        let _ = operators.brake.set(listener.brake());
+    if let Some(operators) = &operators_server {
+        operators.show_brake(listener.brake());
     }
     info!(topic = %kafka.topic, schedule = %kafka.retry_schedule, ?groups, "billing service started");
 
     wait_for_shutdown_signal().await;
     info!("shutting down: finishing records in flight, committing, leaving the groups");
     listener.shutdown().await;
-    if let Some((server, _)) = operators_server {
+    if let Some(server) = operators_server {
         server.stop().await;
     }
     admin.stop().await;
@@ -148,35 +147,36 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Starts the operators' API on `args.operator_listen`.
+/// Starts the operators' API and console on `args.operator_listen`.
 async fn serve_operators(
     args: &OperatorArgs,
     token: String,
     connection: &retry_kafka::ConnectionConfig,
     policy: &RetryPolicy,
-) -> Result<(http::Server, Arc<operators::Operators<retry_kafka::DeadLetterAdmin>>), Failure> {
+) -> Result<OperatorsServer, Failure> {
     let limits = args.http_limits()?;
     let groups = retry_core::groups::LadderGroups::new(&args.group_id, policy.topology())
         .map_err(|e| Failure::Config(e.to_string()))?;
-    let store = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups).await?;
-    let failures = operators::AuthFailures::new(args.operator_max_auth_failures, Duration::from_secs(60));
-    let max_event_age = policy.config().max_event_age;
-    let group = args.group_id.clone();
-    let mut operators = operators::Operators::new(token, policy.clone(), store, max_event_age, failures, group);
-    // Answer before the request's own deadline cuts the wait short.
-    operators.wait_limit = limits.request_timeout * 2 / 3;
-    let operators = Arc::new(operators);
-    let routes = operators::routes(operators.clone());
-    let server = http::serve("OPERATOR_LISTEN", args.operator_listen, routes, limits)
+    let admin = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups).await?;
+    let config = OperatorsConfig {
+        token,
+        policy: policy.clone(),
+        group_id: args.group_id.clone(),
+        idempotency_window: policy.config().max_event_age,
+        max_auth_failures: args.operator_max_auth_failures,
+        // Answer before the request's own deadline cuts the wait short.
+        wait_limit: limits.request_timeout * 2 / 3,
+    };
+    let server = OperatorsServer::serve("OPERATOR_LISTEN", args.operator_listen, config, admin, limits)
         .await
         .map_err(|e| Failure::Runtime(e.to_string()))?;
-    info!(operators = %server.addr(), "operators' API listening (/admin)");
+    info!(operators = %server.addr(), "operators' API listening (/admin), and its console (/console)");
     if !server.addr().ip().is_loopback() {
         tracing::warn!(operators = %server.addr(), "the operators' API serves plain HTTP on an address other \
             hosts can reach: its token travels as it is; put a TLS-terminating proxy in front of it, or \
             listen on loopback (OPERATOR_LISTEN)");
     }
-    Ok((server, operators))
+    Ok(server)
 }
 
 /// `billing-bin operators`: the operators' API over the ladder of
@@ -188,7 +188,7 @@ async fn serve_operators_alone(kafka: &KafkaArgs, args: &OperatorArgs) -> Result
         )
     })?;
     let policy = policy(kafka, args.max_event_age()?)?;
-    let (server, _) = serve_operators(args, token, &kafka.connection()?, &policy).await?;
+    let server = serve_operators(args, token, &kafka.connection()?, &policy).await?;
     info!(topic = %kafka.topic, dead_letters = %policy.topology().dead_letter_topic(), "serving the operators' API \
         alone: nothing is consumed");
     wait_for_shutdown_signal().await;

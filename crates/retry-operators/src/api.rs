@@ -12,52 +12,52 @@ use utoipa::{IntoParams, ToSchema};
 
 /// An error answer.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct Problem {
+pub struct Problem {
     /// What went wrong, and what to do about it.
-    pub(crate) error: String,
+    pub error: String,
 }
 
 /// `GET /admin/dlq`: the service's dead-letter topics.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct DlqList {
+pub struct DlqList {
     /// One per ladder (this service has one).
-    pub(crate) topics: Vec<DlqTopic>,
+    pub topics: Vec<DlqTopic>,
 }
 
 /// A dead-letter topic with its backlog.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct DlqTopic {
+pub struct DlqTopic {
     /// The dead-letter topic.
-    pub(crate) topic: String,
+    pub topic: String,
     /// The source topic it belongs to.
-    pub(crate) source_topic: String,
+    pub source_topic: String,
     /// Records neither replayed nor acknowledged, over every partition.
-    pub(crate) backlog: i64,
+    pub backlog: i64,
     /// Records retention deleted before operators replayed or acknowledged
     /// them, over every partition: an acknowledgement up to each
     /// partition's earliest offset says an operator knows.
-    pub(crate) lost_to_retention: i64,
+    pub lost_to_retention: i64,
     /// Each partition.
-    pub(crate) partitions: Vec<DlqPartition>,
+    pub partitions: Vec<DlqPartition>,
 }
 
 /// One partition of a dead-letter topic.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct DlqPartition {
+pub struct DlqPartition {
     /// The partition.
-    pub(crate) partition: i32,
+    pub partition: i32,
     /// The oldest offset retention keeps.
-    pub(crate) earliest: i64,
+    pub earliest: i64,
     /// The next offset to be written.
-    pub(crate) end_offset: i64,
+    pub end_offset: i64,
     /// The operators' position: records before it were replayed or acknowledged.
-    pub(crate) acknowledged_offset: Option<i64>,
+    pub acknowledged_offset: Option<i64>,
     /// Records after that position replayed or acknowledged out of order.
-    pub(crate) handled_above: usize,
+    pub handled_above: usize,
     /// Records neither replayed nor acknowledged.
-    pub(crate) backlog: i64,
+    pub backlog: i64,
     /// Records retention deleted before operators replayed or acknowledged them.
-    pub(crate) lost_to_retention: i64,
+    pub lost_to_retention: i64,
 }
 
 impl DlqTopic {
@@ -88,42 +88,42 @@ impl DlqTopic {
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub(crate) struct MessagesQuery {
+pub struct MessagesQuery {
     /// One partition; without it, every partition from the operators'
     /// position (the backlog), one after the other.
-    pub(crate) partition: Option<i32>,
+    pub partition: Option<i32>,
     /// With a partition, the first offset (default: the oldest kept).
-    pub(crate) offset: Option<i64>,
+    pub offset: Option<i64>,
     /// In each partition read, start at the first record dead-lettered at
     /// or after this time (ms since the epoch), or later where the offset
     /// or the operators' position say so.
-    pub(crate) since_ms: Option<i64>,
+    pub since_ms: Option<i64>,
     /// How many records, 1 to 100 (default 20).
-    pub(crate) limit: Option<usize>,
+    pub limit: Option<usize>,
 }
 
 /// One page of dead-lettered records.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct MessagesPage {
+pub struct MessagesPage {
     /// The records, by partition then offset.
-    pub(crate) messages: Vec<Message>,
+    pub messages: Vec<Message>,
     /// Where the next page starts, per partition read.
-    pub(crate) next_offsets: BTreeMap<i32, i64>,
+    pub next_offsets: BTreeMap<i32, i64>,
     /// With a partition: where the next page starts.
-    pub(crate) next_offset: Option<i64>,
+    pub next_offset: Option<i64>,
     /// Whether the page stopped at its byte cap rather than its record limit.
-    pub(crate) capped_by_bytes: bool,
+    pub capped_by_bytes: bool,
 }
 
 /// A key or payload: text when it is UTF-8, else base64.
 #[derive(Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
-pub(crate) struct Content {
+pub struct Content {
     /// The content, when it is UTF-8.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) text: Option<String>,
+    pub text: Option<String>,
     /// The content in base64, when it is not UTF-8.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) base64: Option<String>,
+    pub base64: Option<String>,
 }
 
 impl Content {
@@ -142,76 +142,76 @@ impl Content {
 
 /// The retry headers of a dead letter, decoded.
 #[derive(Debug, Serialize, Deserialize, ToSchema, Default)]
-pub(crate) struct RetryInfo {
+pub struct RetryInfo {
     /// Why they cannot be decoded (a record someone else wrote); the other
     /// fields are then absent.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) undecodable: Option<String>,
+    pub undecodable: Option<String>,
     /// Failed delivery attempts.
-    pub(crate) attempt: Option<u32>,
+    pub attempt: Option<u32>,
     /// Where the record was first consumed.
-    pub(crate) original_topic: Option<String>,
+    pub original_topic: Option<String>,
     /// Its partition there.
-    pub(crate) original_partition: Option<i32>,
+    pub original_partition: Option<i32>,
     /// Its offset there.
-    pub(crate) original_offset: Option<i64>,
+    pub original_offset: Option<i64>,
     /// When its first attempt failed, in ms since the epoch.
-    pub(crate) first_failure_at: Option<i64>,
+    pub first_failure_at: Option<i64>,
     /// `transient` or `permanent`.
-    pub(crate) error_kind: Option<String>,
+    pub error_kind: Option<String>,
     /// The last failure.
-    pub(crate) error: Option<String>,
+    pub error: Option<String>,
     /// Why it was dead-lettered.
-    pub(crate) reason: Option<String>,
+    pub reason: Option<String>,
     /// How often operators replayed it.
-    pub(crate) replay_count: Option<u32>,
+    pub replay_count: Option<u32>,
     /// When its event was first produced, before any replay, in ms since the epoch.
-    pub(crate) first_seen_at: Option<i64>,
+    pub first_seen_at: Option<i64>,
     /// Each failed attempt of this pass through the ladder, oldest first
     /// (empty for records written before the ladder recorded them).
     #[serde(default)]
-    pub(crate) attempts: Vec<AttemptAnswer>,
+    pub attempts: Vec<AttemptAnswer>,
 }
 
 /// One failed attempt.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct AttemptAnswer {
+pub struct AttemptAnswer {
     /// When it was due, in ms since the epoch; absent for the first (due when produced).
-    pub(crate) due_at_ms: Option<i64>,
+    pub due_at_ms: Option<i64>,
     /// When it failed, in ms since the epoch.
-    pub(crate) failed_at_ms: i64,
+    pub failed_at_ms: i64,
 }
 
 /// A dead-lettered record.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct Message {
+pub struct Message {
     /// Its partition in the dead-letter topic.
-    pub(crate) partition: i32,
+    pub partition: i32,
     /// Its offset there.
-    pub(crate) offset: i64,
+    pub offset: i64,
     /// When it was dead-lettered, in ms since the epoch.
-    pub(crate) timestamp: Option<i64>,
+    pub timestamp: Option<i64>,
     /// Its key.
-    pub(crate) key: Option<Content>,
+    pub key: Option<Content>,
     /// Its value.
-    pub(crate) payload: Option<Content>,
+    pub payload: Option<Content>,
     /// Its retry headers, decoded.
-    pub(crate) retry: RetryInfo,
+    pub retry: RetryInfo,
     /// Every header, in order, repeated names included (Spring appends a
     /// value at every hop).
-    pub(crate) headers: Vec<Header>,
+    pub headers: Vec<Header>,
 }
 
 /// One header of a record: its value as text when it is UTF-8 without
 /// control characters (tabs and line breaks aside), else base64 (the
 /// binary integers Spring Kafka writes, for one).
 #[derive(Debug, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
-pub(crate) struct Header {
+pub struct Header {
     /// Its name.
-    pub(crate) name: String,
+    pub name: String,
     /// Its value.
     #[serde(flatten)]
-    pub(crate) value: Content,
+    pub value: Content,
 }
 
 impl Header {
@@ -262,43 +262,43 @@ impl Message {
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub(crate) struct ReplayQuery {
+pub struct ReplayQuery {
     /// The source topic, or its first retry topic; any other is refused.
-    pub(crate) target_topic: String,
+    pub target_topic: String,
     /// Wait for the replay to finish (up to the wait limit) and answer with
     /// its outcome; without it, the answer comes at once with the job's id.
     #[serde(default)]
-    pub(crate) wait: bool,
+    pub wait: bool,
 }
 
 /// The body of `POST /admin/dlq/{topic}/replay`; every field is optional.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct ReplayBody {
+pub struct ReplayBody {
     /// Report what would be replayed, change nothing.
     #[serde(default)]
-    pub(crate) dry_run: bool,
+    pub dry_run: bool,
     /// Replay at most this many records (at least 1).
-    pub(crate) limit: Option<usize>,
+    pub limit: Option<usize>,
     /// Only this partition.
-    pub(crate) partition: Option<i32>,
+    pub partition: Option<i32>,
     /// Only these offsets.
-    pub(crate) offsets: Option<Vec<i64>>,
+    pub offsets: Option<Vec<i64>>,
     /// Only records with these keys.
-    pub(crate) keys: Option<Vec<String>>,
+    pub keys: Option<Vec<String>>,
     /// Replay records even if replayed too often already (the loop guard).
     #[serde(default)]
-    pub(crate) override_loop_guard: bool,
+    pub override_loop_guard: bool,
     /// Replay records whose event is older than the provider's idempotency
     /// window, which the provider may charge again.
     #[serde(default)]
-    pub(crate) override_idempotency_window: bool,
+    pub override_idempotency_window: bool,
 }
 
 /// Where a replay job is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum JobState {
+pub enum JobState {
     /// Still reading and publishing.
     Running,
     /// Done, every partition replayed.
@@ -312,70 +312,70 @@ pub(crate) enum JobState {
 
 /// A replay job, as `POST .../replay` and `GET /admin/dlq/replays/{id}` show it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub(crate) struct ReplayJob {
+pub struct ReplayJob {
     /// Its id.
-    pub(crate) id: String,
+    pub id: String,
     /// Where it is.
-    pub(crate) state: JobState,
+    pub state: JobState,
     /// Who started it (`X-Operator`, else the client's address).
-    pub(crate) operator: String,
+    pub operator: String,
     /// The dead-letter topic.
-    pub(crate) topic: String,
+    pub topic: String,
     /// Where records go.
-    pub(crate) target_topic: String,
+    pub target_topic: String,
     /// What was asked.
-    pub(crate) request: ReplayBody,
+    pub request: ReplayBody,
     /// When it started, in ms since the epoch.
-    pub(crate) started_at: i64,
+    pub started_at: i64,
     /// When it ended, in ms since the epoch.
-    pub(crate) finished_at: Option<i64>,
+    pub finished_at: Option<i64>,
     /// Progress so far, or the outcome.
-    pub(crate) report: ReplayOutcome,
+    pub report: ReplayOutcome,
     /// Why it failed.
-    pub(crate) error: Option<String>,
+    pub error: Option<String>,
 }
 
 /// What a replay did, so far or in the end.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
-pub(crate) struct ReplayOutcome {
+pub struct ReplayOutcome {
     /// Whether nothing was changed.
-    pub(crate) dry_run: bool,
+    pub dry_run: bool,
     /// Records replayed (or, in a dry run, that would be).
-    pub(crate) replayed: usize,
+    pub replayed: usize,
     /// Records refused.
-    pub(crate) skipped_total: usize,
+    pub skipped_total: usize,
     /// The first hundred refused, with the reason.
-    pub(crate) skipped: Vec<Skipped>,
+    pub skipped: Vec<Skipped>,
     /// Each partition visited.
-    pub(crate) partitions: Vec<PartitionOutcome>,
+    pub partitions: Vec<PartitionOutcome>,
 }
 
 /// A record a replay refused.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub(crate) struct Skipped {
+pub struct Skipped {
     /// Its partition.
-    pub(crate) partition: i32,
+    pub partition: i32,
     /// Its offset.
-    pub(crate) offset: i64,
+    pub offset: i64,
     /// Why it was not replayed.
-    pub(crate) reason: String,
+    pub reason: String,
 }
 
 /// What a replay did on one partition.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub(crate) struct PartitionOutcome {
+pub struct PartitionOutcome {
     /// The partition.
-    pub(crate) partition: i32,
+    pub partition: i32,
     /// The operators' position when the replay started.
-    pub(crate) from: i64,
+    pub from: i64,
     /// The end offset captured when it started.
-    pub(crate) to: i64,
+    pub to: i64,
     /// Records replayed.
-    pub(crate) replayed: usize,
+    pub replayed: usize,
     /// The operators' position now.
-    pub(crate) position: i64,
+    pub position: i64,
     /// Why this partition stopped early.
-    pub(crate) error: Option<String>,
+    pub error: Option<String>,
 }
 
 impl From<&ReplayReport> for ReplayOutcome {
@@ -413,130 +413,130 @@ impl From<&ReplayReport> for ReplayOutcome {
 /// record up to it) or `offsets` (these records, wherever they are).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct AckBody {
+pub struct AckBody {
     /// The partition.
-    pub(crate) partition: i32,
+    pub partition: i32,
     /// Every record up to this offset, inclusive.
-    pub(crate) up_to_offset: Option<i64>,
+    pub up_to_offset: Option<i64>,
     /// These records.
-    pub(crate) offsets: Option<Vec<i64>>,
+    pub offsets: Option<Vec<i64>>,
 }
 
 /// The answer to an acknowledgement.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct AckAnswer {
+pub struct AckAnswer {
     /// The dead-letter topic.
-    pub(crate) topic: String,
+    pub topic: String,
     /// The partition.
-    pub(crate) partition: i32,
+    pub partition: i32,
     /// The operators' position now.
-    pub(crate) acknowledged_offset: i64,
+    pub acknowledged_offset: i64,
     /// Records above it handled out of order.
-    pub(crate) handled_above: usize,
+    pub handled_above: usize,
 }
 
 /// `GET /admin/listener`: the ladder's listener as operators see it.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct ListenerAnswer {
+pub struct ListenerAnswer {
     /// The listener's source topic.
-    pub(crate) topic: String,
+    pub topic: String,
     /// Its consumer group (the rungs' groups add their suffix to it).
-    pub(crate) group: String,
+    pub group: String,
     /// Whether this instance consumes the ladder (`billing-bin operators`
     /// does not: it shows no brake).
-    pub(crate) consumed_here: bool,
+    pub consumed_here: bool,
     /// This instance's outage brake; absent when it has none.
-    pub(crate) brake: Option<BrakeAnswer>,
+    pub brake: Option<BrakeAnswer>,
     /// The operators' pause, as the group keeps it for every instance,
     /// while it holds.
-    pub(crate) pause: Option<PauseAnswer>,
+    pub pause: Option<PauseAnswer>,
     /// Whether this instance's records wait for a pause now (each instance
     /// reads the group's pause every 2s).
-    pub(crate) paused_here: bool,
+    pub paused_here: bool,
     /// Each consumed topic's lag: the group's committed offsets behind the
     /// partitions' ends.
-    pub(crate) lag: Vec<TopicLag>,
+    pub lag: Vec<TopicLag>,
 }
 
 /// An outage brake, on the instance that answers.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct BrakeAnswer {
+pub struct BrakeAnswer {
     /// `running`, `probing` (one record at a time) or `paused` (until the next probe).
-    pub(crate) state: String,
+    pub state: String,
     /// Since when it has been engaged, in milliseconds since the epoch, while it is.
-    pub(crate) engaged_since_ms: Option<i64>,
+    pub engaged_since_ms: Option<i64>,
     /// Its latest engagements (at most ten), oldest first.
-    pub(crate) recent_engagements: Vec<EngagementAnswer>,
+    pub recent_engagements: Vec<EngagementAnswer>,
 }
 
 /// One engagement of the brake.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct EngagementAnswer {
+pub struct EngagementAnswer {
     /// When, in milliseconds since the epoch.
-    pub(crate) at_ms: i64,
+    pub at_ms: i64,
     /// Transient failures among the calls it saw.
-    pub(crate) failed: u32,
+    pub failed: u32,
     /// The calls it saw.
-    pub(crate) calls: u32,
+    pub calls: u32,
 }
 
 /// The operators' pause of the listener.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct PauseAnswer {
+pub struct PauseAnswer {
     /// When records run again, in milliseconds since the epoch.
-    pub(crate) until_ms: i64,
+    pub until_ms: i64,
     /// Who paused (`X-Operator`, else their address); empty when the broker keeps no metadata.
-    pub(crate) by: String,
+    pub by: String,
     /// Why.
-    pub(crate) reason: String,
+    pub reason: String,
 }
 
 /// `POST /admin/listener/pause`: pause the listener on every instance.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct PauseBody {
+pub struct PauseBody {
     /// How long: `30s`, `10m`, `2h` (1s to 168h).
-    pub(crate) duration: String,
+    pub duration: String,
     /// Why, for the other operators and the audit log (at most 200 bytes kept).
     #[serde(default)]
-    pub(crate) reason: String,
+    pub reason: String,
 }
 
 /// `POST /admin/listener/resume`: what was resumed.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct ResumeAnswer {
+pub struct ResumeAnswer {
     /// Whether a pause held when the resume came.
-    pub(crate) was_paused: bool,
+    pub was_paused: bool,
 }
 
 /// A consumed topic's lag, partition by partition.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct TopicLag {
+pub struct TopicLag {
     /// The topic (the source or a rung).
-    pub(crate) topic: String,
+    pub topic: String,
     /// The group that consumes it.
-    pub(crate) group: String,
+    pub group: String,
     /// The sum over its partitions.
-    pub(crate) lag: i64,
+    pub lag: i64,
     /// Each partition.
-    pub(crate) partitions: Vec<PartitionLag>,
+    pub partitions: Vec<PartitionLag>,
 }
 
 /// A partition's lag.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct PartitionLag {
+pub struct PartitionLag {
     /// The partition.
-    pub(crate) partition: i32,
+    pub partition: i32,
     /// The group's committed offset; absent before its first commit.
-    pub(crate) committed: Option<i64>,
+    pub committed: Option<i64>,
     /// The next offset to be written.
-    pub(crate) end: i64,
+    pub end: i64,
     /// Records behind: the end minus the committed offset (or the earliest kept).
-    pub(crate) lag: i64,
+    pub lag: i64,
 }
 
 /// `GET /admin/dlq/replays`: this instance's recent replay jobs.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub(crate) struct ReplayJobs {
+pub struct ReplayJobs {
     /// Newest first (at most 100).
-    pub(crate) jobs: Vec<ReplayJob>,
+    pub jobs: Vec<ReplayJob>,
 }

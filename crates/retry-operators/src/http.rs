@@ -28,18 +28,18 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// The limits of one listener.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HttpLimits {
+pub struct HttpLimits {
     /// How long a client may take to send a request's headers (an idle
     /// kept-alive connection included).
-    pub(crate) header_read_timeout: Duration,
+    pub header_read_timeout: Duration,
     /// How long a request may take, its body included.
-    pub(crate) request_timeout: Duration,
+    pub request_timeout: Duration,
     /// Connections served at once; more are closed on arrival.
-    pub(crate) max_connections: usize,
+    pub max_connections: usize,
 }
 
 /// A running listener.
-pub(crate) struct Server {
+pub struct Server {
     addr: SocketAddr,
     stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
@@ -49,17 +49,17 @@ pub(crate) struct Server {
 
 impl Server {
     /// Where it listens (useful when configured with port 0).
-    pub(crate) fn addr(&self) -> SocketAddr {
+    pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// How many connections it serves now.
-    pub(crate) fn open_connections(&self) -> usize {
+    pub fn open_connections(&self) -> usize {
         self.max_connections - self.connections.available_permits()
     }
 
     /// Stops accepting and finishes requests under way, within a few seconds.
-    pub(crate) async fn stop(self) {
+    pub async fn stop(self) {
         tracing::debug!(addr = %self.addr, open = self.open_connections(), "stopping the listener");
         let _ = self.stop.send(());
         let _ = self.task.await;
@@ -68,7 +68,7 @@ impl Server {
 
 /// Binds `addr` (the setting `setting`, for messages) and serves `app` in
 /// the background under `limits`.
-pub(crate) async fn serve(setting: &str, addr: SocketAddr, app: Router, limits: HttpLimits) -> io::Result<Server> {
+pub async fn serve(setting: &str, addr: SocketAddr, app: Router, limits: HttpLimits) -> io::Result<Server> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {setting}={addr}: {e}")))?;
