@@ -162,7 +162,10 @@ async function main() {
     // The jobs this instance ran.
     await page.click('.tab[data-view=jobs]');
     await page.waitForFunction(() => document.querySelectorAll('#jobs-table tbody tr').length >= 2);
-    check(true, 'the dry run and the replay are listed');
+    await page.click('#jobs-table tbody tr button');
+    await page.waitForFunction(() => document.getElementById('job-detail').textContent.includes('succeeded'));
+    const job = await page.textContent('#job-detail');
+    check(/^Job [0-9a-f-]+: succeeded, into .*, 1 replayed, 0 refused/.test(job), `the jobs are listed, newest first, with their outcome (${job})`);
 
     // A phone's width.
     const narrow = await browser.newContext({ viewport: { width: 390, height: 844 } });

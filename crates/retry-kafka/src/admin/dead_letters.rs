@@ -650,16 +650,29 @@ impl DeadLetterAdmin {
         Ok(fetched.readable.items.into_items().map(|item| Read::of(item, partition)).collect())
     }
 
-    /// The first offset of `pc`'s partition written at or after `at`;
-    /// `end` when none was.
-    async fn offset_at_time(&self, pc: &PartitionClient, at: Timestamp, end: i64) -> Result<i64> {
-        let Some(at) = chrono::DateTime::from_timestamp_millis(at.as_millis()) else {
-            return Ok(end);
+    /// Where to read `pc`'s partition from for records written at or after
+    /// `at`, no earlier than `from`: the broker's offset for the time, when
+    /// the record before it is older than `at`; else `from` (the reader then
+    /// passes over earlier records). The check is one small fetch: the mock
+    /// cluster answers any time with the end, tansu loosely.
+    async fn offset_at_time(&self, pc: &PartitionClient, at: Timestamp, from: i64, end: i64) -> Result<i64> {
+        let Some(time) = chrono::DateTime::from_timestamp_millis(at.as_millis()) else {
+            return Ok(from);
         };
         let what = || format!("the offset of {}/{} at a time", self.topic(), pc.partition());
-        let offset = deadline(self.cluster.request_timeout(), what, pc.get_offset(OffsetAt::Timestamp(at))).await?;
+        let offset = deadline(self.cluster.request_timeout(), what, pc.get_offset(OffsetAt::Timestamp(time))).await?;
         // Kafka answers -1 when no record is that recent.
-        Ok(if offset < 0 { end } else { offset.min(end) })
+        let offset = if offset < 0 { end } else { offset.min(end) };
+        if offset <= from {
+            return Ok(from);
+        }
+        let before = self.fetch(pc.partition(), offset - 1, 64 << 10).await?;
+        let older = before
+            .iter()
+            .filter(|r| r.offset < offset)
+            .max_by_key(|r| r.offset)
+            .is_some_and(|r| r.timestamp.is_some_and(|t| t < at));
+        Ok(if older { offset } else { from })
     }
 
     /// Up to `limit` records of `partition` from offset `from` on.
@@ -689,7 +702,7 @@ impl DeadLetterAdmin {
             };
             let pc = self.partition(p.partition).await?;
             let from = match page.since {
-                Some(since) => from.max(self.offset_at_time(&pc, since, p.end).await?),
+                Some(since) => self.offset_at_time(&pc, since, from, p.end).await?,
                 None => from,
             };
             let records =

@@ -435,19 +435,27 @@
     clear(body);
     for (const j of jobs) {
       const open = el('button', { type: 'button' }, j.id.slice(0, 8));
-      open.addEventListener('click', () => showJob(j));
+      open.addEventListener('click', guarded(() => showJob(j)));
       body.append(el('tr', {}, el('td', {}, open), el('td', {}, `${j.report.dry_run ? 'dry run, ' : ''}${j.state}`), el('td', {}, j.operator),
         el('td', {}, when(j.started_at)), el('td', {}, j.report.replayed), el('td', {}, j.report.skipped_total)));
     }
   }
 
-  function showJob(j) {
+  // A job's outcome; a running one is followed until it ends.
+  async function showJob(j) {
     const detail = $('job-detail');
-    clear(detail);
-    detail.append(el('p', {}, `Job ${j.id}: ${j.state}, into ${j.target_topic}, ${j.report.replayed} replayed, ${j.report.skipped_total} refused${j.error ? `: ${j.error}` : ''}`));
-    const list = el('ul', {});
-    for (const s of j.report.skipped) list.append(el('li', {}, `${s.partition}:${s.offset}: ${s.reason}`));
-    detail.append(list);
+    let job = j;
+    for (;;) {
+      clear(detail);
+      detail.append(el('p', {}, `Job ${job.id}: ${job.report.dry_run ? 'dry run, ' : ''}${job.state}, into ${job.target_topic}, ${job.report.replayed} replayed, ${job.report.skipped_total} refused${job.error ? `: ${job.error}` : ''}`));
+      const list = el('ul', {});
+      for (const s of job.report.skipped) list.append(el('li', {}, `${s.partition}:${s.offset}: ${s.reason}`));
+      detail.append(list);
+      if (job.state !== 'running' || $('jobs').hidden) break;
+      await new Promise((resolve) => { setTimeout(resolve, 500); });
+      job = await api('GET', `/admin/dlq/replays/${encodeURIComponent(job.id)}`);
+    }
+    await refreshJobs();
   }
 
   // --- Wiring --------------------------------------------------------------
