@@ -295,10 +295,12 @@ impl ListenerConfig {
                 "ListenerConfig::publish_backoff_initial",
                 "publish_backoff_initial must be positive and at most publish_backoff_max".to_owned(),
             ))
-        } else if self.pause_poll_interval.is_zero() || self.dlq_poll_interval.is_zero() {
+        } else if self.pause_poll_interval.is_zero() {
+            Some(("ListenerConfig::pause_poll_interval", "must be positive".to_owned()))
+        } else if self.dlq_poll_interval.is_zero() {
             Some((
-                "ListenerConfig::pause_poll_interval",
-                "pause_poll_interval and dlq_poll_interval must be positive".to_owned(),
+                "ListenerConfig::dlq_poll_interval",
+                "must be positive (DLQ_POLL_INTERVAL for billing-bin)".to_owned(),
             ))
         } else if self.publish_max_request_bytes < 1024 {
             Some(("ListenerConfig::publish_max_request_bytes", "must be at least 1024".to_owned()))
