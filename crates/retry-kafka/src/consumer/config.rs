@@ -334,3 +334,38 @@ fn instance_id_problem(id: &str) -> Option<String> {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use retry_core::{RetryPolicy, RetryTopology};
+
+    use super::ListenerConfig;
+    use crate::{ConnectionConfig, Error};
+
+    /// The setting `validate` names after `change`, or none.
+    fn check(change: fn(&mut ListenerConfig), expected: Option<&str>) {
+        let policy =
+            RetryPolicy::new(RetryTopology::new("orders", &"5s".parse().unwrap()).unwrap(), Default::default());
+        let connection = ConnectionConfig::new("127.0.0.1:9092", "test").unwrap();
+        let mut config = ListenerConfig::new(connection, "billing", policy).unwrap();
+        change(&mut config);
+        let named = match config.validate() {
+            Ok(()) => None,
+            Err(Error::InvalidSetting { setting, .. }) => Some(setting),
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(named, expected);
+    }
+
+    #[test]
+    fn each_refusal_names_its_setting() {
+        check(|_| {}, None);
+        check(|c| c.pause_poll_interval = Duration::ZERO, Some("ListenerConfig::pause_poll_interval"));
+        check(|c| c.dlq_poll_interval = Duration::ZERO, Some("ListenerConfig::dlq_poll_interval"));
+        check(|c| c.fetch_max_bytes = 10, Some("ListenerConfig::fetch_max_bytes"));
+        check(|c| c.publish_max_request_bytes = 10, Some("ListenerConfig::publish_max_request_bytes"));
+        check(|c| c.group_instance_id = Some("no spaces".into()), Some("ListenerConfig::group_instance_id"));
+    }
+}
