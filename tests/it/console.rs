@@ -82,6 +82,11 @@ async fn a_pause_holds_every_instance_until_it_ends_or_is_resumed() {
         setup.dlq_cli(&first, &["pause", "--for", "1h", "--reason", "deploying the provider"]).await;
     assert_eq!(code, 0, "{stdout}{stderr}");
     paused_here(&second, true).await;
+    // An instance started during the pause reads it before it joins: ready,
+    // it already holds its records.
+    let third = setup.start_with(&provider, &env).await;
+    let (_, answer) = call(&third, Method::GET, "/admin/listener", Some(TOKEN), None).await;
+    assert_eq!(answer["paused_here"], true, "{answer}");
     let (order, json) = event("7.00");
     produce(&setup.topic, 1, &order.to_string(), &json, &[]).await;
     let (code, stdout, stderr) = setup.dlq_cli(&second, &["resume"]).await;
@@ -108,6 +113,7 @@ async fn a_pause_holds_every_instance_until_it_ends_or_is_resumed() {
     assert!(log_second.contains("operators paused the listener"), "{log_second}");
     first.stop().await;
     second.stop().await;
+    third.stop().await;
 }
 
 fn needed(name: &str) -> String {

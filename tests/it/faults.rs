@@ -418,7 +418,11 @@ async fn committed_offsets_that_cannot_be_read_yet_are_read_again_within_the_gen
     let failures = [code::COORDINATOR_LOAD_IN_PROGRESS, code::COORDINATOR_LOAD_IN_PROGRESS, code::NOT_COORDINATOR];
     mock.push_request_errors(api::OFFSET_FETCH, &failures).await;
     let handler = Scripted::new(&[]);
-    let listener = start_joined(&ladder, handler.clone()).await;
+    // The mock's errors go to whichever OffsetFetch comes first: the
+    // operators' pause, read before the members join, would take them.
+    let mut config = ladder.config();
+    config.pause_poll_interval = None;
+    let listener = crate::support::start_joined_with(config, handler.clone()).await;
     crate::support::fence(&ladder, 0, 1).await;
     let stats = listener.stats().snapshot();
     listener.shutdown().await;

@@ -184,8 +184,11 @@ pub struct ListenerConfig {
     pub dlq_poll_interval: Duration,
     /// How often the operators' pause of the listener is read (see
     /// [`retry_core::pause`]): a pause or a resume reaches every instance
-    /// within this.
-    pub pause_poll_interval: Duration,
+    /// within this. It is also read once before the groups are joined, so
+    /// that an instance started during a pause runs nothing. `None`: this
+    /// listener never reads it, and ignores operators' pauses (for tests
+    /// whose brokers must see no other request).
+    pub pause_poll_interval: Option<Duration>,
     /// How often each group's leader counts its topic's partitions: when
     /// the count changed (partitions were added), it rejoins so the new
     /// partitions get assigned.
@@ -242,7 +245,7 @@ impl ListenerConfig {
             publish_max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             publish_stall_after: Duration::from_secs(60),
             dlq_poll_interval: Duration::from_secs(15),
-            pause_poll_interval: Duration::from_secs(2),
+            pause_poll_interval: Some(Duration::from_secs(2)),
             partition_check_interval: Duration::from_secs(30),
             window: retry_core::window::WindowConfig::default(),
             brake: None,
@@ -295,7 +298,7 @@ impl ListenerConfig {
                 "ListenerConfig::publish_backoff_initial",
                 "publish_backoff_initial must be positive and at most publish_backoff_max".to_owned(),
             ))
-        } else if self.pause_poll_interval.is_zero() {
+        } else if self.pause_poll_interval.is_some_and(|i| i.is_zero()) {
             Some(("ListenerConfig::pause_poll_interval", "must be positive".to_owned()))
         } else if self.dlq_poll_interval.is_zero() {
             Some((
@@ -362,7 +365,8 @@ mod tests {
     #[test]
     fn each_refusal_names_its_setting() {
         check(|_| {}, None);
-        check(|c| c.pause_poll_interval = Duration::ZERO, Some("ListenerConfig::pause_poll_interval"));
+        check(|c| c.pause_poll_interval = None, None);
+        check(|c| c.pause_poll_interval = Some(Duration::ZERO), Some("ListenerConfig::pause_poll_interval"));
         check(|c| c.dlq_poll_interval = Duration::ZERO, Some("ListenerConfig::dlq_poll_interval"));
         check(|c| c.fetch_max_bytes = 10, Some("ListenerConfig::fetch_max_bytes"));
         check(|c| c.publish_max_request_bytes = 10, Some("ListenerConfig::publish_max_request_bytes"));

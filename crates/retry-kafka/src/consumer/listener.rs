@@ -104,6 +104,17 @@ impl Listener {
         });
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
+        if let Some(interval) = shared.config.pause_poll_interval {
+            let record = PauseRecord::new(
+                shared.config.group_connection(),
+                &shared.config.groups,
+                shared.config.policy.topology(),
+            );
+            let watch = PauseWatch { record, interval, brake: shared.brake.clone() };
+            // Read before any record can run; then every interval.
+            watch.read().await;
+            tasks.spawn(watch.run(shutdown.clone()));
+        }
         let mut members = 0;
         for retry_core::groups::ConsumedTopic { stage, topic, group: group_id } in
             shared.config.groups.consumed(shared.config.policy.topology())
@@ -136,16 +147,6 @@ impl Listener {
             metrics: metrics.clone(),
         };
         tasks.spawn(monitor.run(shutdown.clone()));
-        let pause = PauseWatch {
-            record: PauseRecord::new(
-                shared.config.group_connection(),
-                &shared.config.groups,
-                shared.config.policy.topology(),
-            ),
-            interval: shared.config.pause_poll_interval,
-            brake: shared.brake.clone(),
-        };
-        tasks.spawn(pause.run(shutdown.clone()));
         let brake = BrakeView(shared.brake.clone());
         Ok(Listener { shutdown, tasks, stats, metrics, ready, brake })
     }

@@ -16,26 +16,44 @@ pub(crate) struct PauseWatch {
 }
 
 impl PauseWatch {
+    /// Reads the pause once; false when the read failed. A read that fails
+    /// keeps what was read last: a pause ends by itself at its time, and an
+    /// unreadable group resumes nothing early.
+    pub(crate) async fn read(&self) -> bool {
+        match self.record.read().await {
+            Ok(pause) => {
+                let now = Timestamp::from(std::time::SystemTime::now());
+                self.brake.set_pause(pause.filter(|p| p.holds_at(now)));
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the operators' pause of the listener; keeping what was read last");
+                false
+            }
+        }
+    }
+
+    /// Reads it every interval until the listener stops; a failure is
+    /// reported when the reads start failing, not at every read.
     pub(crate) async fn run(self, shutdown: CancellationToken) {
-        // A read that fails keeps what was read last: a pause ends by
-        // itself at its time, and an unreadable group resumes nothing early.
         let mut failing = false;
         loop {
-            match self.record.read().await {
-                Ok(pause) => {
-                    failing = false;
-                    let now = Timestamp::from(std::time::SystemTime::now());
-                    self.brake.set_pause(pause.filter(|p| p.holds_at(now)));
-                }
-                Err(e) if !failing => {
-                    failing = true;
-                    tracing::warn!(error = %e, "cannot read the operators' pause of the listener; keeping what was read last");
-                }
-                Err(_) => {}
-            }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.interval) => {}
+            }
+            if failing {
+                failing = self
+                    .record
+                    .read()
+                    .await
+                    .map(|pause| {
+                        let now = Timestamp::from(std::time::SystemTime::now());
+                        self.brake.set_pause(pause.filter(|p| p.holds_at(now)));
+                    })
+                    .is_err();
+            } else {
+                failing = !self.read().await;
             }
         }
     }
