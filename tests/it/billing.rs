@@ -54,7 +54,7 @@ impl Setup {
             .env("RETRY_HEADER_STYLE", self.style)
             .env("TOPIC_REPLICATION_FACTOR", integration::replication_factor().to_string())
             .env("RUST_LOG", "info")
-            .envs(integration::billing_security_env())
+            .envs(integration::billing_broker_env())
             .stdin(Stdio::null())
             .kill_on_drop(true);
         cmd
@@ -438,6 +438,63 @@ async fn a_kill_mid_stream_charges_every_event_exactly_once() {
     for order in &orders {
         assert_eq!(provider.charges_for(order).len(), 1, "order {order}");
     }
+    assert!(dead_letters(&setup).await.is_empty());
+}
+
+/// Three instances charge orders while each in turn is stopped and started
+/// again (a rolling deploy): every order is charged once, and, as every
+/// instance that stops gives its partitions up only after committing what
+/// it finished, the provider is asked once per order: nothing is
+/// redelivered, whatever the group protocol.
+#[tokio::test]
+async fn a_rolling_restart_of_three_instances_charges_every_order_once() {
+    let mut setup = Setup::new("billing-rolling");
+    setup.partitions = 6;
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let mut services = Vec::new();
+    for _ in 0..3 {
+        services.push(setup.start(&provider).await);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = {
+        let (topic, stop, partitions) = (setup.topic.clone(), stop.clone(), setup.partitions);
+        tokio::spawn(async move {
+            let mut orders = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (order, json) = event("12.50");
+                produce(&topic, orders.len() as i32 % partitions, &order.to_string(), &json, &[]).await;
+                orders.push(order.to_string());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            orders
+        })
+    };
+    for _ in 0..3 {
+        let oldest = services.remove(0);
+        oldest.stop().await;
+        services.push(setup.start(&provider).await);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let orders = producer.await.unwrap();
+    eventually("every order charged", Duration::from_secs(60), || async {
+        (provider.ledger().len() == orders.len()).then_some(())
+    })
+    .await;
+    wait_drained(&setup).await;
+    for service in services {
+        service.stop().await;
+    }
+    for order in &orders {
+        assert_eq!(provider.charges_for(order).len(), 1, "order {order}");
+    }
+    let requests: u64 = provider.requests().values().sum();
+    assert_eq!(
+        requests,
+        orders.len() as u64,
+        "the provider was asked again for orders already charged: {:?}",
+        provider.requests()
+    );
     assert!(dead_letters(&setup).await.is_empty());
 }
 

@@ -499,3 +499,81 @@ async fn a_rebalance_lets_a_call_run_past_the_shutdown_grace() {
     assert_eq!(handler.attempts("slow"), [1], "the call was abandoned at the grace and handled again");
     assert!(handler.succeeded("slow"));
 }
+
+/// A member that joins, then leaves, while records flow: under the
+/// consumer group protocol (KIP-848) the member already there gives up
+/// only the partitions the newcomer takes (they drain and commit first)
+/// and takes back only those when it leaves; its other partitions never
+/// stop. Under the classic protocol (eager) each rebalance stops all of
+/// them. Under both, every record is handled once: nothing a member gave
+/// up is handled again by the next.
+#[tokio::test]
+async fn a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must() {
+    const PARTITIONS: i32 = 6;
+    let ladder = Ladder::create("incremental", "100ms", PARTITIONS).await;
+    let groups = ladder.consumed().len() as u64;
+    let all = PARTITIONS as u64 * groups;
+    let (a, b) = (Scripted::new(&[]), Scripted::new(&[]));
+    let first = start_joined(&ladder, a.clone()).await;
+    let owned = |l: &Listener| {
+        let s = l.stats().snapshot();
+        s.partitions_started - s.partitions_stopped
+    };
+    eventually("the first member to own every partition", SETTLE, || async { (owned(&first) == all).then_some(()) })
+        .await;
+
+    let stop_traffic = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let (source, stop) = (ladder.source().to_owned(), stop_traffic.clone());
+        tokio::spawn(async move {
+            let mut sent = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                produce(&source, sent % PARTITIONS, &format!("t-{sent}"), "v", &[]).await;
+                sent += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            sent
+        })
+    };
+    let second = start_joined(&ladder, b.clone()).await;
+    eventually("the members to share the partitions", SETTLE, || async {
+        (owned(&first) + owned(&second) == all && owned(&second) > 0).then_some(())
+    })
+    .await;
+    let after_join = first.stats().snapshot();
+    let moved = owned(&second);
+    second.shutdown().await;
+    eventually("the first member to own every partition again", SETTLE, || async {
+        (owned(&first) == all).then_some(())
+    })
+    .await;
+    stop_traffic.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = traffic.await.unwrap();
+    for p in 0..PARTITIONS {
+        crate::support::fence(&ladder, p, PARTITIONS).await;
+    }
+    let after_leave = first.stats().snapshot();
+    first.shutdown().await;
+
+    match integration::group_protocol() {
+        retry_kafka::GroupProtocol::Consumer => {
+            assert_eq!(after_join.partitions_stopped, moved, "the first member stopped more than the newcomer took");
+            assert_eq!(
+                after_leave.partitions_stopped, moved,
+                "the first member stopped partitions when the other left"
+            );
+            assert_eq!(after_leave.partitions_started, all + moved, "it started only what came back");
+        }
+        // Eager: every partition of the member stops at each rebalance.
+        retry_kafka::GroupProtocol::Classic => {
+            assert!(after_join.partitions_stopped >= all, "{after_join:?}");
+        }
+    }
+    let mut keys: Vec<String> =
+        [a.calls(), b.calls()].concat().into_iter().filter(|c| c.key != "fence").map(|c| c.key).collect();
+    let handled = keys.len();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), sent as usize, "every record was handled");
+    assert_eq!(handled, keys.len(), "{} records were handled twice", handled - keys.len());
+}

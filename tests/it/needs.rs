@@ -49,6 +49,10 @@ pub(crate) enum Need {
 /// Every test that needs more than every broker gives, by its path.
 pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("billing::a_kill_mid_stream_charges_every_event_exactly_once", &[Need::LongRun]),
+    (
+        "billing::a_rolling_restart_of_three_instances_charges_every_order_once",
+        &[Need::CommitsDuringRebalances, Need::LongRun],
+    ),
     ("billing::an_engaged_brake_is_taken_up_by_the_next_owner_of_what_it_held", &[Need::CommitMetadata]),
     ("billing::an_outage_of_the_provider_fills_no_dead_letter_topic_with_the_brake", &[Need::OncePerRun]),
     ("billing::events_past_the_idempotency_window_are_dead_lettered_not_charged", &[Need::OffsetsByTime]),
@@ -82,6 +86,7 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("faults::refused_produce_requests_are_retried_or_split", &[Need::MockFaults]),
     ("faults::requests_that_never_answer_are_abandoned_and_their_connections_replaced", &[Need::MockFaults]),
     ("group::a_drain_longer_than_the_session_keeps_the_member_and_its_commit", &[Need::CommitsDuringRebalances]),
+    ("group::a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must", &[Need::CommitsDuringRebalances]),
     ("group::a_java_consumer_shares_the_group_and_reads_the_dead_letters_as_written", &[Need::ApacheKafka]),
     ("group::a_member_stopped_while_it_joins_leaves_the_group", &[Need::ApacheKafka]),
     ("group::a_rebalance_lets_a_call_run_past_the_shutdown_grace", &[Need::CommitsDuringRebalances]),

@@ -71,7 +71,7 @@ async fn the_stock_service_reserves_retries_short_stock_and_dead_letters_what_it
         cmd.args(args)
             .env_clear()
             .env("KAFKA_BROKERS", broker_addr())
-            .envs(integration::billing_security_env())
+            .envs(integration::billing_broker_env())
             .env("STOCK_TOPIC", &topic)
             .env("STOCK_GROUP", format!("{topic}-stock"))
             .env("STOCK_RETRY_SCHEDULE", schedule)

@@ -93,6 +93,7 @@ impl Ladder {
         c.commit_interval = Duration::from_millis(200);
         c.fetch_max_wait = Duration::from_millis(200);
         c.handler_timeout = Duration::from_secs(5);
+        c.group_protocol = integration::group_protocol();
         c
     }
 }
@@ -411,7 +412,7 @@ pub(crate) async fn billing_bin(args: &[&str], env: &[(&str, &str)], remove: &[&
         .env_clear()
         .env("KAFKA_BROKERS", integration::broker_addr())
         .env("BILLING_TOPIC", unique_topic("billing"))
-        .envs(integration::billing_security_env())
+        .envs(integration::billing_broker_env())
         .env("RUST_LOG", "info");
     for name in remove {
         cmd.env_remove(name);

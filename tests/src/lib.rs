@@ -148,11 +148,22 @@ pub const BILLING_SECURITY_SETTINGS: &[&str] = &[
     "KAFKA_SSL_ENDPOINT_IDENTIFICATION",
 ];
 
+/// Which group protocol the suite's listeners speak: `$KAFKA_RETRY_GROUP_PROTOCOL`
+/// (`classic` or `consumer`, set by `cargo xtask integration`), classic when unset.
+pub fn group_protocol() -> retry_kafka::GroupProtocol {
+    match env("KAFKA_RETRY_GROUP_PROTOCOL") {
+        Some(name) => name.parse().unwrap_or_else(|e| panic!("KAFKA_RETRY_GROUP_PROTOCOL: {e}")),
+        None => retry_kafka::GroupProtocol::Classic,
+    }
+}
+
 /// The settings `billing-bin` needs to connect as the tests do, as
-/// environment (only the protocol against a plain broker).
-pub fn billing_security_env() -> Vec<(&'static str, String)> {
+/// environment: security (only the protocol against a plain broker) and
+/// the group protocol.
+pub fn billing_broker_env() -> Vec<(&'static str, String)> {
     let security = security();
     let mut vars = vec![("KAFKA_SECURITY_PROTOCOL", security.protocol().name().to_owned())];
+    vars.push(("KAFKA_GROUP_PROTOCOL", group_protocol().name().to_owned()));
     if let Some(c) = security.sasl() {
         vars.push(("KAFKA_SASL_MECHANISM", c.mechanism.name().to_owned()));
         vars.push(("KAFKA_SASL_USERNAME", c.username.clone()));

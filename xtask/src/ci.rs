@@ -25,6 +25,9 @@ pub(crate) enum BrokerChoice {
     KafkaSaslTls,
     /// Apache Kafka, three brokers, mutual TLS: the whole suite.
     KafkaMtls,
+    /// Apache Kafka, three brokers, plaintext, every listener on the
+    /// consumer group protocol (KIP-848): the whole suite.
+    KafkaConsumerProtocol,
     /// tansu, one broker.
     Tansu,
     /// librdkafka's mock cluster with three brokers.
@@ -35,7 +38,8 @@ pub(crate) enum BrokerChoice {
     TansuSaslTls,
     /// tansu behind TLS requiring client certificates (SSL, mutual TLS).
     TansuMtls,
-    /// What CI runs: Apache Kafka's passes, then tansu, the mock cluster and
+    /// What CI runs: Apache Kafka's passes (the classic group protocol
+    /// through SASL_SSL, the consumer group protocol in plaintext), then tansu, the mock cluster and
     /// tansu requiring SASL (its own re-authentication), one after the other.
     All,
 }
@@ -46,6 +50,37 @@ struct Pass {
     kind: Kind,
     /// Which tests: all of them, or those a secured pass adds.
     scope: Scope,
+    /// The group protocol the suite's listeners speak.
+    protocol: GroupProtocol,
+}
+
+/// The group protocol of a pass's listeners (`$KAFKA_RETRY_GROUP_PROTOCOL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GroupProtocol {
+    Classic,
+    /// KIP-848's, on Apache Kafka only.
+    Consumer,
+}
+
+impl GroupProtocol {
+    fn name(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
+}
+
+/// Tells the tests which group protocol to speak.
+const GROUP_PROTOCOL_ENV: &str = "KAFKA_RETRY_GROUP_PROTOCOL";
+
+impl Pass {
+    fn name(self) -> String {
+        match self.protocol {
+            GroupProtocol::Classic => self.kind.name(),
+            GroupProtocol::Consumer => format!("{} (consumer group protocol)", self.kind.name()),
+        }
+    }
 }
 
 /// Which tests a pass runs.
@@ -61,15 +96,18 @@ enum Scope {
 
 impl BrokerChoice {
     fn passes(self) -> Vec<Pass> {
-        let whole = |kind| Pass { kind, scope: Scope::Whole };
-        let security = |kind| Pass { kind, scope: Scope::Security };
+        let whole = |kind| Pass { kind, scope: Scope::Whole, protocol: GroupProtocol::Classic };
+        let security = |kind| Pass { kind, scope: Scope::Security, protocol: GroupProtocol::Classic };
+        let consumer = |kind| Pass { kind, scope: Scope::Whole, protocol: GroupProtocol::Consumer };
         let kafka = Kind::plain(Implementation::Kafka);
         let tansu = Kind::TANSU;
         match self {
             BrokerChoice::Kafka => vec![
                 whole(kafka.secured(true, Some(ClientAuth::None))),
+                consumer(kafka),
                 security(kafka.secured(false, Some(ClientAuth::Required))),
             ],
+            BrokerChoice::KafkaConsumerProtocol => vec![consumer(kafka)],
             BrokerChoice::KafkaPlaintext => vec![whole(kafka)],
             BrokerChoice::KafkaSaslTls => vec![whole(kafka.secured(true, Some(ClientAuth::None)))],
             BrokerChoice::KafkaMtls => vec![whole(kafka.secured(false, Some(ClientAuth::Required)))],
@@ -192,10 +230,10 @@ pub(crate) fn integration(choice: BrokerChoice, test_args: &[String]) -> anyhow:
     let built = build_for_integration()?;
     let mut took = Vec::new();
     for pass in choice.passes() {
-        let name = pass.kind.name();
+        let name = pass.name();
         eprintln!("integration: the suite against {name}");
         let started = std::time::Instant::now();
-        with_broker_of(pass.kind, |target| run_integration_tests(target, &built, pass.scope, test_args))
+        with_broker_of(pass.kind, |target| run_integration_tests(target, &built, pass, test_args))
             .with_context(|| format!("the integration suite against {name}"))?;
         took.push(format!("{name}: {:.0} s", started.elapsed().as_secs_f64()));
     }
@@ -342,7 +380,8 @@ fn build_for_integration() -> anyhow::Result<Built> {
     })
 }
 
-fn run_integration_tests(target: &Target<'_>, built: &Built, scope: Scope, test_args: &[String]) -> anyhow::Result<()> {
+fn run_integration_tests(target: &Target<'_>, built: &Built, pass: Pass, test_args: &[String]) -> anyhow::Result<()> {
+    let scope = pass.scope;
     // The arguments already go after cargo's `--`; another one would turn
     // the skips added below into filters.
     let test_args: Vec<String> = test_args.iter().filter(|a| *a != "--").cloned().collect();
@@ -357,6 +396,7 @@ fn run_integration_tests(target: &Target<'_>, built: &Built, scope: Scope, test_
         (BILLING_BIN_ENV.to_owned(), built.billing_bin.display().to_string()),
         (STOCK_SERVICE_BIN_ENV.to_owned(), built.stock_service.display().to_string()),
         (crate::python::PYTHON_ENV.to_owned(), python.display().to_string()),
+        (GROUP_PROTOCOL_ENV.to_owned(), pass.protocol.name().to_owned()),
     ];
     if target.kind.implementation == Implementation::Kafka {
         envs.push((KAFKA_LIBS_ENV.to_owned(), crate::kafka::install()?.display().to_string()));
@@ -368,7 +408,7 @@ fn run_integration_tests(target: &Target<'_>, built: &Built, scope: Scope, test_
     }
 
     // Tests that need what the pass lacks are left out, and the run says why.
-    let pass = Pass { kind: target.kind, scope };
+    let pass = Pass { kind: target.kind, ..pass };
     let listed = list_tests(&built.tests)?;
     let missing = undeclared(&listed, NEEDS);
     if !missing.is_empty() {
@@ -380,7 +420,7 @@ fn run_integration_tests(target: &Target<'_>, built: &Built, scope: Scope, test_
     let skips = left_out(pass, NEEDS);
     if scope == Scope::Whole {
         for (test, why) in &skips {
-            eprintln!("integration: on {}, {test} is left out: {why}", target.kind.name());
+            eprintln!("integration: on {}, {test} is left out: {why}", pass.name());
         }
     }
     if scope == Scope::Security {
@@ -953,8 +993,8 @@ mod tests {
     #[test]
     fn each_pass_runs_what_its_broker_can() {
         let kafka = Kind::plain(Implementation::Kafka);
-        let whole = |kind| Pass { kind, scope: Scope::Whole };
-        let security = |kind| Pass { kind, scope: Scope::Security };
+        let whole = |kind| Pass { kind, scope: Scope::Whole, protocol: GroupProtocol::Classic };
+        let security = |kind| Pass { kind, scope: Scope::Security, protocol: GroupProtocol::Classic };
         // The reference through SASL_SSL: all but what needs the mock, tansu's
         // terminator or client certificates, and what only tansu shows.
         check(
@@ -1033,7 +1073,7 @@ mod tests {
         assert_eq!(undeclared(&listed, TABLE), ["group::a_static_member_restarts_without_a_rebalance"]);
         // And its new name alone says nothing of where it runs: it is not in
         // the table, so it would run everywhere, which is why the run fails.
-        assert!(left_out(Pass { kind: Kind::TANSU, scope: Scope::Whole }, TABLE)
+        assert!(left_out(Pass { kind: Kind::TANSU, scope: Scope::Whole, protocol: GroupProtocol::Classic }, TABLE)
             .iter()
             .all(|(test, _)| *test != "group::a_static_member_comes_back"));
     }

@@ -487,6 +487,13 @@ fn server_properties(node: &Node, spec: ClusterSpec, voters: &str, tls: Option<&
             // A new group's first rebalance starts at once (Kafka's own
             // development settings do the same): the suite makes many groups.
             set("group.initial.rebalance.delay.ms", "0");
+            // The consumer group protocol's session and heartbeats are the
+            // broker's: as short as the suite's classic members' (6 s), so a
+            // killed member's partitions move as soon under either protocol.
+            set("group.consumer.session.timeout.ms", "6000");
+            set("group.consumer.min.session.timeout.ms", "1000");
+            set("group.consumer.heartbeat.interval.ms", "500");
+            set("group.consumer.min.heartbeat.interval.ms", "100");
             // Two cores run the whole cluster and the suite.
             set("num.network.threads", "2");
             set("num.io.threads", "4");

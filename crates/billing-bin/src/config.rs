@@ -399,6 +399,12 @@ pub(crate) struct RunArgs {
     /// running instance needs its own. Unset: a member that leaves on stop.
     #[arg(long, env = "KAFKA_GROUP_INSTANCE_ID")]
     pub(crate) group_instance_id: Option<String>,
+    /// The consumer group protocol: classic (every broker), or consumer
+    /// (KIP-848, Apache Kafka 4.0 and later: a rebalance moves only the
+    /// partitions it must, and the others go on; the session and heartbeat
+    /// interval are then the broker's group.consumer.* settings).
+    #[arg(long, env = "KAFKA_GROUP_PROTOCOL", default_value = "classic", value_parser = parse_group_protocol)]
+    pub(crate) group_protocol: retry_kafka::GroupProtocol,
     /// How long the consumer groups wait for a silent member (no heartbeat)
     /// before they move its partitions; with KAFKA_GROUP_INSTANCE_ID, how
     /// long a restart may take without a rebalance.
@@ -541,6 +547,10 @@ pub(crate) struct TopicArgs {
 pub(crate) enum LogFormat {
     Pretty,
     Json,
+}
+
+fn parse_group_protocol(s: &str) -> Result<retry_kafka::GroupProtocol, String> {
+    s.parse().map_err(|e: retry_kafka::Error| e.to_string())
 }
 
 fn parse_header_style(s: &str) -> Result<retry_core::HeaderStyle, String> {

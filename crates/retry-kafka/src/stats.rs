@@ -30,6 +30,8 @@ pub struct ListenerStats {
     pub(crate) detached_calls: AtomicU64,
     pub(crate) blocking_calls: AtomicU64,
     pub(crate) offset_fetch_failures: AtomicU64,
+    pub(crate) partitions_started: AtomicU64,
+    pub(crate) partitions_stopped: AtomicU64,
 }
 
 /// A copy of [`ListenerStats`] at one moment.
@@ -96,6 +98,14 @@ pub struct StatsSnapshot {
     /// Failed reads of a group's committed offsets at the start of a
     /// generation (each retried within the generation).
     pub offset_fetch_failures: u64,
+    /// Partition workers started (a partition assigned, or started again),
+    /// all groups together.
+    pub partitions_started: u64,
+    /// Partition workers stopped by a rebalance, a lost membership or a
+    /// shutdown: under the classic protocol every partition of the member
+    /// at each rebalance, under the consumer group protocol only those
+    /// that moved.
+    pub partitions_stopped: u64,
 }
 
 impl ListenerStats {
@@ -126,6 +136,8 @@ impl ListenerStats {
             detached_calls: self.detached_calls.load(Relaxed),
             blocking_calls: self.blocking_calls.load(Relaxed),
             offset_fetch_failures: self.offset_fetch_failures.load(Relaxed),
+            partitions_started: self.partitions_started.load(Relaxed),
+            partitions_stopped: self.partitions_stopped.load(Relaxed),
         }
     }
 }

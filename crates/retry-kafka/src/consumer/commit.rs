@@ -1,9 +1,11 @@
-//! Batched offset commits for one generation of one group member.
+//! Batched offset commits for one generation of one group member (under
+//! the consumer group protocol, for one membership, across its epochs).
 //!
 //! Workers report a partition's next offset once a record's outcome is
 //! fully done (handled, and any republication acknowledged); the committer
-//! commits what was reported, every interval or once enough piled up, and
-//! a last time when the generation ends. It never commits an offset no
+//! commits what was reported, every interval or once enough piled up, when
+//! asked to (partitions about to be given up), and a last time when the
+//! generation ends. It never commits an offset no
 //! worker reported, so a commit never covers unfinished work.
 
 use std::{
@@ -12,12 +14,17 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::Notify;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    backoff::pauses, consumer::position::Finished, metrics::Metrics, protocol::group::GroupClient, ConnectionConfig,
-    TopicPartition,
+    backoff::pauses,
+    consumer::{position::Finished, shared::Shared},
+    metrics::Metrics,
+    protocol::group::GroupClient,
+    ConnectionConfig, GroupProtocol, TopicPartition,
 };
 
 /// How far a member finished each partition it consumed, and in which
@@ -114,6 +121,10 @@ impl CommitTracker {
 /// The committing task of one generation.
 pub(crate) struct Committer {
     pub(crate) tracker: Arc<CommitTracker>,
+    /// The generation (or member epoch) the commits carry.
+    generation: Arc<AtomicI32>,
+    /// Asks for a commit now; answered with whether it landed.
+    flushes: mpsc::UnboundedSender<oneshot::Sender<bool>>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -125,6 +136,8 @@ pub(crate) struct CommitSettings<'a> {
     pub(crate) group_id: &'a str,
     /// A static member's instance id.
     pub(crate) instance_id: Option<&'a str>,
+    /// The group's protocol: which OffsetCommit carries the generation.
+    pub(crate) protocol: GroupProtocol,
     /// Commit at least this often...
     pub(crate) interval: Duration,
     /// ...or as soon as this many records finished.
@@ -147,11 +160,15 @@ impl Committer {
         let interval = settings.interval;
         let tracker = Arc::new(CommitTracker::new(settings.batch, progress, generation_id));
         let stop = CancellationToken::new();
-        let mut client =
-            GroupClient::new(settings.connection.clone(), settings.group_id).with_instance_id(settings.instance_id);
+        let generation = Arc::new(AtomicI32::new(generation_id));
+        let (flushes, mut flush_asks) = mpsc::unbounded_channel::<oneshot::Sender<bool>>();
+        let mut client = GroupClient::new(settings.connection.clone(), settings.group_id)
+            .with_instance_id(settings.instance_id)
+            .speaking(settings.protocol);
         let task = {
             let tracker = tracker.clone();
             let stop = stop.clone();
+            let generation = generation.clone();
             tokio::spawn(async move {
                 // After a failed commit, the next try waits longer (with
                 // jitter) than the interval: a coordinator that refuses
@@ -163,12 +180,22 @@ impl Committer {
                     offsets.iter().map(|(tp, offset)| (tp.clone(), (*offset, marker.clone()))).collect()
                 };
                 loop {
+                    let mut asked = Vec::new();
                     let last = tokio::select! {
                         _ = stop.cancelled() => true,
                         _ = tokio::time::sleep(wait) => false,
                         _ = tracker.batch_full.notified(), if wait == interval => false,
+                        Some(ask) = flush_asks.recv() => {
+                            asked.push(ask);
+                            while let Ok(ask) = flush_asks.try_recv() {
+                                asked.push(ask);
+                            }
+                            false
+                        }
                     };
                     wait = interval;
+                    let generation_id = generation.load(Ordering::Relaxed);
+                    let mut landed = true;
                     let mut offsets = tracker.take();
                     let marker = marker();
                     if marker != marked {
@@ -192,7 +219,12 @@ impl Committer {
                                 tracing::warn!(group = client.group_id(), error = %e, "offset commit failed; will retry");
                                 tracker.restore(offsets);
                                 wait = backoff.next();
-                                if last {
+                                landed = false;
+                                if last || !asked.is_empty() {
+                                    // The epoch may have moved on meanwhile
+                                    // (STALE_MEMBER_EPOCH): the try again uses
+                                    // the latest.
+                                    let generation_id = generation.load(Ordering::Relaxed);
                                     // One more try for the final commit: the records
                                     // are redelivered otherwise (safe, but wasteful).
                                     let offsets = with_marker(&tracker.take(), &marker);
@@ -200,12 +232,17 @@ impl Committer {
                                         client.commit_with_metadata(generation_id, &member_id, &offsets).await
                                     {
                                         tracing::warn!(group = client.group_id(), error = %e, "final offset commit failed; these records will be redelivered");
+                                        tracker.restore(offsets.into_iter().map(|(tp, (o, _))| (tp, o)).collect());
                                     } else {
                                         metrics.count(|s| &s.commits);
+                                        landed = true;
                                     }
                                 }
                             }
                         }
+                    }
+                    for ask in asked {
+                        let _ = ask.send(landed);
                     }
                     if last {
                         return;
@@ -213,13 +250,64 @@ impl Committer {
                 }
             })
         };
-        Committer { tracker, stop, task }
+        Committer { tracker, generation, flushes, stop, task }
+    }
+
+    /// Commits from now on as generation (or member epoch) `id`.
+    pub(crate) fn set_generation(&self, id: i32) {
+        self.generation.store(id, Ordering::Relaxed);
+    }
+
+    /// A handle that asks for commits, for a task of its own.
+    pub(crate) fn flusher(&self) -> Flusher {
+        Flusher(self.flushes.clone())
     }
 
     /// Commits what is pending and stops.
     pub(crate) async fn finish(self) {
         self.stop.cancel();
         let _ = self.task.await;
+    }
+}
+
+/// The group's committed offsets of `tps` with their metadata, read on a
+/// connection of their own (the heartbeats keep theirs) and retried until
+/// they come: a coordinator that moved, still loads the group, or has an
+/// offset commit of a transaction pending answers again a moment later.
+/// The caller drops this when the partitions are no longer wanted first.
+pub(crate) async fn committed_offsets<H>(
+    shared: &Shared<H>,
+    group_id: &str,
+    tps: &[TopicPartition],
+) -> BTreeMap<TopicPartition, (Option<i64>, Option<String>)> {
+    let mut client = GroupClient::new(shared.config.group_connection(), group_id);
+    let mut backoff = pauses(Duration::from_millis(200), Duration::from_secs(5));
+    loop {
+        match client.committed_with_metadata(tps).await {
+            Ok(committed) => return committed,
+            Err(e) => {
+                shared.metrics.count(|s| &s.offset_fetch_failures);
+                let pause = backoff.next();
+                tracing::warn!(group = %group_id, error = %e, retry_in_ms = pause.as_millis() as u64, "cannot read the committed offsets yet; retrying");
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// Asks a [`Committer`] for a commit now, from another task.
+#[derive(Clone)]
+pub(crate) struct Flusher(mpsc::UnboundedSender<oneshot::Sender<bool>>);
+
+impl Flusher {
+    /// Commits what is pending now; says whether it landed (or there was
+    /// nothing to commit).
+    pub(crate) async fn flush(&self) -> bool {
+        let (ask, answer) = oneshot::channel();
+        if self.0.send(ask).is_err() {
+            return false;
+        }
+        answer.await.unwrap_or(false)
     }
 }
 

@@ -33,6 +33,57 @@ pub enum HandlerCalls {
     Spawned,
 }
 
+/// How a listener's members take part in their consumer groups.
+///
+/// ```
+/// use retry_kafka::GroupProtocol;
+///
+/// assert_eq!("consumer".parse::<GroupProtocol>().ok(), Some(GroupProtocol::Consumer));
+/// assert_eq!(GroupProtocol::Consumer.name(), "consumer");
+/// assert!("eager".parse::<GroupProtocol>().unwrap_err().to_string().contains("classic or consumer"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupProtocol {
+    /// Kafka's classic protocol (JoinGroup, SyncGroup, Heartbeat): every
+    /// broker speaks it; a rebalance stops the group's partitions.
+    #[default]
+    Classic,
+    /// The consumer group protocol of KIP-848 (Kafka's `group.protocol=consumer`,
+    /// Apache Kafka 4.0 and later): the coordinator assigns partitions,
+    /// and a member gives up or takes only the partitions that move, while
+    /// the others go on. Its session and heartbeat interval are the
+    /// broker's (`group.consumer.session.timeout.ms`,
+    /// `group.consumer.heartbeat.interval.ms`); `session_timeout` still
+    /// bounds how long a member that cannot reach its coordinator works on.
+    Consumer,
+}
+
+impl GroupProtocol {
+    /// Its name, as Kafka's `group.protocol` says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
+}
+
+impl std::str::FromStr for GroupProtocol {
+    type Err = Error;
+
+    /// `classic` or `consumer`, as Kafka's `group.protocol`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "classic" => Ok(GroupProtocol::Classic),
+            "consumer" => Ok(GroupProtocol::Consumer),
+            other => Err(Error::setting(
+                "ListenerConfig::group_protocol",
+                format!("group protocol {other:?} is neither classic nor consumer: give classic or consumer"),
+            )),
+        }
+    }
+}
+
 /// Where to start a partition that has no committed offset, or whose
 /// committed offset no longer exists (retention deleted it). Retry rungs
 /// always start at their earliest record: what was republished to them is
@@ -139,6 +190,9 @@ pub struct ListenerConfig {
     /// stops consuming and reports itself not ready. `None`: a dynamic
     /// member, which leaves on shutdown.
     pub group_instance_id: Option<String>,
+    /// Which group protocol the members speak: the classic one (the
+    /// default) or the consumer group protocol of KIP-848 (see [`GroupProtocol`]).
+    pub group_protocol: GroupProtocol,
     /// Commit finished offsets at least this often...
     pub commit_interval: Duration,
     /// ...or as soon as this many records finished.
@@ -231,6 +285,7 @@ impl ListenerConfig {
             handler_calls: HandlerCalls::Polled,
             shutdown_grace: Duration::from_secs(10),
             group_instance_id: None,
+            group_protocol: GroupProtocol::Classic,
             commit_interval: Duration::from_secs(1),
             commit_batch: 100,
             fetch_max_bytes: 1 << 20,

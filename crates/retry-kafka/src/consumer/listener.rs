@@ -12,14 +12,16 @@ use crate::{
     consumer::{
         brake::{BrakeStatus, SharedBrake},
         config::ListenerConfig,
+        consumer_protocol::ConsumerMember,
         member::Member,
         pause::PauseWatch,
         shared::Shared,
     },
     metrics::{Metrics, MetricsExposition},
+    protocol::group::GroupClient,
     publisher::Publisher,
     stats::ListenerStats,
-    DeadLetterAdmin, RecordHandler, Result, TopicPlan,
+    DeadLetterAdmin, GroupProtocol, RecordHandler, Result, TopicPlan,
 };
 
 /// A running listener. Dropping it stops nothing: call
@@ -115,13 +117,24 @@ impl Listener {
             watch.read().await;
             tasks.spawn(watch.run(shutdown.clone()));
         }
+        let consumed = shared.config.groups.consumed(shared.config.policy.topology());
+        if shared.config.group_protocol == GroupProtocol::Consumer {
+            // Refused here, with what to do, rather than by every member.
+            let source_group = shared.config.groups.of(retry_core::Stage::SOURCE).expect("the source has a group");
+            GroupClient::new(shared.config.group_connection(), source_group).check_consumer_protocol().await?;
+        }
         let mut members = 0;
-        for retry_core::groups::ConsumedTopic { stage, topic, group: group_id } in
-            shared.config.groups.consumed(shared.config.policy.topology())
-        {
+        for retry_core::groups::ConsumedTopic { stage, topic, group: group_id } in consumed {
             let (topic, group_id) = (topic.to_owned(), group_id.to_owned());
-            let member = Member { shared: shared.clone(), stage, topic, group_id, shutdown: shutdown.clone() };
-            tasks.spawn(member.run());
+            let shutdown = shutdown.clone();
+            match shared.config.group_protocol {
+                GroupProtocol::Classic => {
+                    tasks.spawn(Member { shared: shared.clone(), stage, topic, group_id, shutdown }.run());
+                }
+                GroupProtocol::Consumer => {
+                    tasks.spawn(ConsumerMember { shared: shared.clone(), stage, topic, group_id, shutdown }.run());
+                }
+            }
             members += 1;
         }
         let ready = {

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     backoff::pauses,
     consumer::{
-        commit::{CommitSettings, Committer, Progress},
+        commit::{committed_offsets, CommitSettings, Committer, Progress},
         position,
         shared::{Impaired, Shared},
         worker::{StopSignals, Worker},
@@ -423,32 +423,6 @@ impl<H: RecordHandler> Member<H> {
             .collect())
     }
 
-    /// The group's committed offsets of `tps` with their metadata, read on a connection of our
-    /// own (the heartbeats keep theirs) and retried until they come:
-    /// within a generation, a coordinator that moved, still loads the
-    /// group, or has an offset commit of a transaction pending answers
-    /// again a moment later. The caller drops this when the generation
-    /// ends first.
-    async fn committed_offsets(
-        &self,
-        tps: &[TopicPartition],
-    ) -> BTreeMap<TopicPartition, (Option<i64>, Option<String>)> {
-        let config = &self.shared.config;
-        let mut client = GroupClient::new(config.group_connection(), &self.group_id);
-        let mut backoff = pauses(INITIAL_BACKOFF, MAX_BACKOFF);
-        loop {
-            match client.committed_with_metadata(tps).await {
-                Ok(committed) => return committed,
-                Err(e) => {
-                    self.shared.metrics.count(|s| &s.offset_fetch_failures);
-                    let pause = backoff.next();
-                    tracing::warn!(group = %self.group_id, error = %e, retry_in_ms = pause.as_millis() as u64, "cannot read the committed offsets yet; retrying within the generation");
-                    tokio::time::sleep(pause).await;
-                }
-            }
-        }
-    }
-
     /// Runs one generation: heartbeats from its start, workers once the
     /// committed offsets came, and when it ends, the drain. Says how it
     /// ended, and whether the group evicted us during the drain.
@@ -465,6 +439,7 @@ impl<H: RecordHandler> Member<H> {
             connection: &connection,
             group_id: &self.group_id,
             instance_id: config.group_instance_id.as_deref(),
+            protocol: crate::GroupProtocol::Classic,
             interval: config.commit_interval,
             batch: config.commit_batch,
         };
@@ -492,7 +467,7 @@ impl<H: RecordHandler> Member<H> {
             } else {
                 tokio::select! {
                     end = &mut heartbeats => end,
-                    committed = self.committed_offsets(&tps) => {
+                    committed = committed_offsets(&self.shared, &self.group_id, &tps) => {
                         let finished = progress.lock().expect("no panics while holding the lock").clone();
                         // An outage brake engaged where these partitions were
                         // committed last is taken up before any worker runs.
@@ -519,6 +494,7 @@ impl<H: RecordHandler> Member<H> {
                                 signals: signals.clone(),
                             };
                             workers.spawn(worker.run(start));
+                            self.shared.metrics.count(|s| &s.partitions_started);
                         }
                         // A worker ends only when stopped: one that ends
                         // before (a bug of ours that panicked) leaves its
@@ -559,6 +535,7 @@ impl<H: RecordHandler> Member<H> {
         // that says the group dropped us ends the drain at once: the
         // partitions are another member's by now.
         signals.stop.cancel();
+        self.shared.metrics.add(|s| &s.partitions_stopped, workers.len() as u64);
         let grace = match end {
             End::Shutdown => config.shutdown_grace,
             _ => config.timings().revocation_grace(),

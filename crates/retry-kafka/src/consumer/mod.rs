@@ -11,10 +11,12 @@
 pub(crate) mod brake;
 pub(crate) mod commit;
 pub(crate) mod config;
+pub(crate) mod consumer_protocol;
 pub(crate) mod fetched;
 pub(crate) mod listener;
 pub(crate) mod member;
 pub(crate) mod pause;
 pub(crate) mod position;
+pub(crate) mod reconcile;
 pub(crate) mod shared;
 pub(crate) mod worker;

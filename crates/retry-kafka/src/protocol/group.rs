@@ -1,5 +1,6 @@
 //! Requests to a consumer group's coordinator: membership (classic
-//! protocol: JoinGroup, SyncGroup, Heartbeat, LeaveGroup) and offsets
+//! protocol: JoinGroup, SyncGroup, Heartbeat, LeaveGroup; the consumer
+//! group protocol of KIP-848: ConsumerGroupHeartbeat) and offsets
 //! (OffsetCommit, OffsetFetch). Finds the coordinator, and finds it again
 //! when it moves. Policy (when to rejoin, what to commit) lives in the
 //! callers; this only speaks the protocol.
@@ -10,13 +11,14 @@ use bytes::Bytes;
 
 use kafka_protocol::{
     messages::{
+        consumer_group_heartbeat_request::TopicPartitions as OwnedPartitions,
         join_group_request::JoinGroupRequestProtocol,
         leave_group_request::MemberIdentity,
         offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic},
         offset_fetch_request::OffsetFetchRequestTopic,
         sync_group_request::SyncGroupRequestAssignment,
-        FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, OffsetCommitRequest,
-        OffsetFetchRequest, SyncGroupRequest, TopicName,
+        ConsumerGroupHeartbeatRequest, FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest,
+        LeaveGroupRequest, OffsetCommitRequest, OffsetFetchRequest, SyncGroupRequest, TopicName,
     },
     ResponseError,
 };
@@ -24,8 +26,46 @@ use kafka_protocol::{
 use crate::{
     protocol::assignor::{self, Assignment},
     protocol::wire::{check, str_bytes, Connection},
-    ConnectionConfig, Error, Result, TopicPartition,
+    ConnectionConfig, Error, GroupProtocol, Result, TopicPartition,
 };
+
+/// A topic's id, as the consumer group protocol names topics in assignments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct TopicId(pub(crate) u128);
+
+/// What a member under the consumer group protocol says in one heartbeat.
+#[derive(Debug, Clone)]
+pub(crate) struct Beat<'a> {
+    /// The id the member gave itself when it first joined.
+    pub(crate) member_id: &'a str,
+    /// 0 to join; the epoch the coordinator gave last; [`LEAVE_EPOCH`] or
+    /// [`STATIC_LEAVE_EPOCH`] to leave.
+    pub(crate) member_epoch: i32,
+    /// Sends every field (joining, or after an error), not only what changed.
+    pub(crate) full: bool,
+    /// The one topic the member subscribes to.
+    pub(crate) topic: &'a str,
+    pub(crate) rebalance_timeout: Duration,
+    /// The partitions the member owns now, by topic id; `None`: unchanged
+    /// since the last heartbeat that got through.
+    pub(crate) owned: Option<BTreeMap<TopicId, Vec<i32>>>,
+}
+
+/// A dynamic member leaves with this epoch.
+pub(crate) const LEAVE_EPOCH: i32 = -1;
+/// A static member leaves with this one: its partitions wait for it to
+/// come back, for a session.
+pub(crate) const STATIC_LEAVE_EPOCH: i32 = -2;
+
+/// What the coordinator answered to a [`Beat`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BeatAnswer {
+    pub(crate) member_epoch: i32,
+    /// How often the coordinator wants heartbeats.
+    pub(crate) heartbeat_interval: Duration,
+    /// The partitions the member may own now, by topic id; `None`: unchanged.
+    pub(crate) assignment: Option<BTreeMap<TopicId, Vec<i32>>>,
+}
 
 /// What JoinGroup told us.
 #[derive(Debug, Clone)]
@@ -69,12 +109,28 @@ pub(crate) struct GroupClient {
     /// request that carries one, so the coordinator fences an older
     /// process of the same instance.
     instance_id: Option<String>,
+    /// Which protocol the members committing through this client speak.
+    protocol: GroupProtocol,
     coordinator: Option<Connection>,
 }
 
 impl GroupClient {
     pub(crate) fn new(config: ConnectionConfig, group_id: &str) -> Self {
-        GroupClient { config, group_id: group_id.to_owned(), instance_id: None, coordinator: None }
+        GroupClient {
+            config,
+            group_id: group_id.to_owned(),
+            instance_id: None,
+            protocol: GroupProtocol::Classic,
+            coordinator: None,
+        }
+    }
+
+    /// The same, for a member of `protocol`: its commits carry a member
+    /// epoch (OffsetCommit v9) under the consumer group protocol, a
+    /// generation (v8 at most) under the classic one.
+    pub(crate) fn speaking(mut self, protocol: GroupProtocol) -> Self {
+        self.protocol = protocol;
+        self
     }
 
     /// The same, as the static member `instance_id` (none: dynamic).
@@ -404,6 +460,77 @@ impl GroupClient {
         self.observe(result)
     }
 
+    /// One heartbeat of the consumer group protocol (KIP-848), given at most
+    /// `bound`. Errors come as the broker's: FENCED_MEMBER_EPOCH and
+    /// UNKNOWN_MEMBER_ID (rejoin with epoch 0), UNRELEASED_INSTANCE_ID (a
+    /// static member's former self still holds the instance id),
+    /// FENCED_INSTANCE_ID, and a coordinator that moved.
+    pub(crate) async fn consumer_heartbeat(&mut self, beat: &Beat<'_>, bound: Duration) -> Result<BeatAnswer> {
+        let mut request = ConsumerGroupHeartbeatRequest::default()
+            .with_group_id(GroupId(str_bytes(&self.group_id)))
+            .with_member_id(str_bytes(beat.member_id))
+            .with_member_epoch(beat.member_epoch)
+            .with_rebalance_timeout_ms(-1);
+        if beat.full || beat.member_epoch <= 0 {
+            // A static member names its instance on every full heartbeat,
+            // its leave included: the coordinator keys it by that.
+            request.instance_id = self.instance();
+        }
+        if beat.full {
+            request.rebalance_timeout_ms = millis(beat.rebalance_timeout);
+            request.subscribed_topic_names = Some(vec![TopicName(str_bytes(beat.topic))]);
+        }
+        let owned = match (&beat.owned, beat.full) {
+            (Some(owned), _) => Some(owned.clone()),
+            (None, true) => Some(BTreeMap::new()),
+            (None, false) => None,
+        };
+        request.topic_partitions = owned.map(|owned| {
+            owned
+                .into_iter()
+                .filter(|(_, partitions)| !partitions.is_empty())
+                .map(|(TopicId(id), partitions)| {
+                    OwnedPartitions::default().with_topic_id(uuid::Uuid::from_u128(id)).with_partitions(partitions)
+                })
+                .collect()
+        });
+        let result = async { self.coordinator().await?.send_within(&request, bound).await }.await;
+        let (response, _) = self.observe(result)?;
+        let context = self.group_context();
+        let result = match response.error_message.as_ref().filter(|_| response.error_code != 0) {
+            Some(message) => check("ConsumerGroupHeartbeat", || format!("{context}: {message}"), response.error_code),
+            None => check("ConsumerGroupHeartbeat", || context, response.error_code),
+        };
+        self.observe(result)?;
+        Ok(BeatAnswer {
+            member_epoch: response.member_epoch,
+            heartbeat_interval: Duration::from_millis(response.heartbeat_interval_ms.max(0) as u64),
+            assignment: response.assignment.map(|a| {
+                let mut out: BTreeMap<TopicId, Vec<i32>> = BTreeMap::new();
+                for t in a.topic_partitions {
+                    out.entry(TopicId(t.topic_id.as_u128())).or_default().extend(t.partitions);
+                }
+                for partitions in out.values_mut() {
+                    partitions.sort_unstable();
+                    partitions.dedup();
+                }
+                out
+            }),
+        })
+    }
+
+    /// Whether the coordinator speaks the consumer group protocol (KIP-848):
+    /// `Ok(())`, or why not, said as what to do.
+    pub(crate) async fn check_consumer_protocol(&mut self) -> Result<()> {
+        let conn = self.coordinator().await?;
+        let addr = conn.addr().to_owned();
+        match conn.version_of::<ConsumerGroupHeartbeatRequest>() {
+            Ok(_) => Ok(()),
+            Err(Error::UnsupportedVersion { .. }) => Err(unsupported_consumer_protocol(&addr, &self.group_id)),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Leaves the group, so its partitions move at once instead of after
     /// the session timeout.
     pub(crate) async fn leave(&mut self, member_id: &str) -> Result<()> {
@@ -466,7 +593,11 @@ impl GroupClient {
                     })
                     .collect(),
             );
-        let result = async { self.coordinator().await?.send(&request).await }.await;
+        let highest = match self.protocol {
+            GroupProtocol::Classic => 8,
+            GroupProtocol::Consumer => 9,
+        };
+        let result = async { self.coordinator().await?.send_at_most(&request, highest).await }.await;
         let (response, _) = self.observe(result)?;
         for topic in &response.topics {
             for p in &topic.partitions {
@@ -525,6 +656,18 @@ impl GroupClient {
         }
         Ok(out)
     }
+}
+
+/// The error for a broker without the consumer group protocol.
+pub(crate) fn unsupported_consumer_protocol(addr: &str, group_id: &str) -> Error {
+    Error::setting(
+        "ListenerConfig::group_protocol",
+        format!(
+            "the coordinator of group {group_id} ({addr}) does not speak the consumer group protocol (KIP-848: \
+             ConsumerGroupHeartbeat, Apache Kafka 4.0 or later): use the classic protocol (KAFKA_GROUP_PROTOCOL=classic \
+             for billing-bin)"
+        ),
+    )
 }
 
 fn millis(d: Duration) -> i32 {

@@ -33,6 +33,16 @@ impl BrokerError {
     pub const COORDINATOR_NOT_AVAILABLE: BrokerError = BrokerError::of(ResponseError::CoordinatorNotAvailable);
     /// Kafka's `DUPLICATE_SEQUENCE_NUMBER`.
     pub const DUPLICATE_SEQUENCE_NUMBER: BrokerError = BrokerError::of(ResponseError::DuplicateSequenceNumber);
+    /// Kafka's `FENCED_MEMBER_EPOCH`.
+    pub const FENCED_MEMBER_EPOCH: BrokerError = BrokerError::of(ResponseError::FencedMemberEpoch);
+    /// Kafka's `STALE_MEMBER_EPOCH`.
+    pub const STALE_MEMBER_EPOCH: BrokerError = BrokerError::of(ResponseError::StaleMemberEpoch);
+    /// Kafka's `UNRELEASED_INSTANCE_ID`.
+    pub const UNRELEASED_INSTANCE_ID: BrokerError = BrokerError::of(ResponseError::UnreleasedInstanceId);
+    /// Kafka's `UNSUPPORTED_VERSION`.
+    pub const UNSUPPORTED_VERSION: BrokerError = BrokerError::of(ResponseError::UnsupportedVersion);
+    /// Kafka's `GROUP_MAX_SIZE_REACHED`.
+    pub const GROUP_MAX_SIZE_REACHED: BrokerError = BrokerError::of(ResponseError::GroupMaxSizeReached);
     /// Kafka's `FENCED_INSTANCE_ID`.
     pub const FENCED_INSTANCE_ID: BrokerError = BrokerError::of(ResponseError::FencedInstanceId);
     /// Kafka's `GROUP_AUTHORIZATION_FAILED`.
@@ -159,6 +169,9 @@ mod tests {
             (BrokerError::REBALANCE_IN_PROGRESS, 27, "REBALANCE_IN_PROGRESS", false),
             (BrokerError::SASL_AUTHENTICATION_FAILED, 58, "SASL_AUTHENTICATION_FAILED", false),
             (BrokerError::FENCED_INSTANCE_ID, 82, "FENCED_INSTANCE_ID", false),
+            (BrokerError::FENCED_MEMBER_EPOCH, 110, "FENCED_MEMBER_EPOCH", false),
+            (BrokerError::UNRELEASED_INSTANCE_ID, 111, "UNRELEASED_INSTANCE_ID", false),
+            (BrokerError::STALE_MEMBER_EPOCH, 113, "STALE_MEMBER_EPOCH", false),
             (BrokerError::from_code(9999), 9999, "UNKNOWN_9999", false),
         ];
         for (error, code, name, retriable) in table {

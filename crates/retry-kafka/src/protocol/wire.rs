@@ -57,7 +57,12 @@ pub(crate) fn highest_implemented(key: ApiKey) -> i16 {
         ApiKey::SyncGroup => 3,
         ApiKey::Heartbeat => 3,
         ApiKey::LeaveGroup => 2,
-        ApiKey::OffsetCommit => 8,
+        // v9 carries a consumer-protocol member's epoch (KIP-848), and
+        // Kafka refuses older versions from such members; classic members
+        // commit at v8 at most (see `GroupClient::commit_with_metadata`).
+        ApiKey::OffsetCommit => 9,
+        // v1: the member names itself (a UUID of its own) when it joins.
+        ApiKey::ConsumerGroupHeartbeat => 1,
         ApiKey::OffsetFetch => 7,
         ApiKey::CreateTopics => 7,
         // The last non-flexible version: it has leaders and broker
@@ -100,6 +105,7 @@ fn api_key_name(key: ApiKey) -> &'static str {
         ApiKey::LeaveGroup => "LeaveGroup",
         ApiKey::OffsetCommit => "OffsetCommit",
         ApiKey::OffsetFetch => "OffsetFetch",
+        ApiKey::ConsumerGroupHeartbeat => "ConsumerGroupHeartbeat",
         ApiKey::CreateTopics => "CreateTopics",
         ApiKey::Metadata => "Metadata",
         ApiKey::DescribeConfigs => "DescribeConfigs",
@@ -295,8 +301,15 @@ impl Connection {
 
     /// The version of `R` to use: the highest that both we and the broker support.
     pub(crate) fn version_of<R: Request>(&self) -> Result<i16> {
+        self.version_at_most::<R>(i16::MAX)
+    }
+
+    /// The same, at most `highest`: a caller for whom a later version
+    /// means something else (a classic member's OffsetCommit).
+    pub(crate) fn version_at_most<R: Request>(&self, highest: i16) -> Result<i16> {
         let key = ApiKey::try_from(R::KEY).map_err(|()| self.protocol_error::<R>("unknown api key".into()))?;
-        let ours = VersionRange { min: R::VERSIONS.min, max: highest_implemented(key).min(R::VERSIONS.max) };
+        let ours =
+            VersionRange { min: R::VERSIONS.min, max: highest_implemented(key).min(R::VERSIONS.max).min(highest) };
         let theirs = self.versions.get(&R::KEY).copied();
         let unsupported = || Error::UnsupportedVersion {
             addr: self.addr.clone(),
@@ -326,17 +339,7 @@ impl Connection {
         request: &R,
         timeout: Duration,
     ) -> Result<(R::Response, i16)> {
-        let now = Instant::now();
-        if self.session_ends_at.is_some_and(|at| now >= at) {
-            // Idle past its session: the broker would close it on this
-            // request; a new connection, authenticated from the start.
-            tracing::debug!(addr = %self.addr, "the SASL session ended while the connection was idle; connecting anew");
-            let (addr, config) = (self.addr.clone(), self.config.clone());
-            *self = Box::pin(Connection::connect(&addr, &config)).await?;
-        } else if self.reauthenticate_at.is_some_and(|at| now >= at) {
-            self.renew_session().await?;
-        }
-        self.request(request, timeout).await
+        self.send_capped(request, timeout, i16::MAX).await
     }
 
     /// Authenticates again before the session the broker granted ends
@@ -358,6 +361,34 @@ impl Connection {
             }
             other => other,
         }
+    }
+
+    /// Like [`send`](Self::send), at version `highest` at most.
+    pub(crate) async fn send_at_most<R: Request>(&mut self, request: &R, highest: i16) -> Result<(R::Response, i16)> {
+        self.send_capped(request, self.timeout, highest).await
+    }
+
+    /// Sends `request` at the highest version both sides support, at most
+    /// `highest`, within `timeout`; a SASL session about to end is renewed
+    /// first, one that ended is replaced by a new connection.
+    async fn send_capped<R: Request>(
+        &mut self,
+        request: &R,
+        timeout: Duration,
+        highest: i16,
+    ) -> Result<(R::Response, i16)> {
+        let now = Instant::now();
+        if self.session_ends_at.is_some_and(|at| now >= at) {
+            // Idle past its session: the broker would close it on this
+            // request; a new connection, authenticated from the start.
+            tracing::debug!(addr = %self.addr, "the SASL session ended while the connection was idle; connecting anew");
+            let (addr, config) = (self.addr.clone(), self.config.clone());
+            *self = Box::pin(Connection::connect(&addr, &config)).await?;
+        } else if self.reauthenticate_at.is_some_and(|at| now >= at) {
+            self.renew_session().await?;
+        }
+        let version = self.version_at_most::<R>(highest)?;
+        Ok((self.exchange(request, version, timeout).await?, version))
     }
 
     /// Sends `request` at the negotiated version, as it is: no
