@@ -51,7 +51,7 @@ pub mod fuzzing {
 
     /// A group member's subscription (its topics), as other members wrote it.
     pub fn group_subscription(bytes: &[u8]) -> Result<Vec<String>, String> {
-        crate::protocol::assignor::decode_subscription(bytes)
+        crate::protocol::assignor::decode_subscription(bytes).map(|s| s.topics)
     }
 
     /// The assignment a group's leader wrote (topic and partitions).

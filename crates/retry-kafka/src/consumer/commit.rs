@@ -263,6 +263,15 @@ impl Committer {
         Flusher(self.flushes.clone())
     }
 
+    /// Stops without committing what is pending: the partitions were lost
+    /// (another member may own them by now, and commit further).
+    pub(crate) async fn abandon(self) {
+        self.tracker.take();
+        self.stop.cancel();
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
     /// Commits what is pending and stops.
     pub(crate) async fn finish(self) {
         self.stop.cancel();

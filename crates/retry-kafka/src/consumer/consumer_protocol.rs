@@ -328,7 +328,7 @@ impl<H: RecordHandler> ConsumerMember<H> {
                 if tokio::time::timeout(DETACH_WAIT, all).await.is_err() {
                     self.detach(std::mem::take(&mut state.workers));
                 }
-                drop(committer);
+                committer.abandon().await;
             }
         }
         end

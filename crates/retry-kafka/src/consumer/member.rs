@@ -406,7 +406,10 @@ impl<H: RecordHandler> Member<H> {
     /// The leader's count of its members' topics' partitions, bounded
     /// within the session: the followers wait in SyncGroup meanwhile, and
     /// the coordinator drops a leader that does not come back in time.
-    async fn partition_counts(&self, members: &BTreeMap<String, Vec<String>>) -> crate::Result<BTreeMap<String, i32>> {
+    async fn partition_counts(
+        &self,
+        members: &BTreeMap<String, assignor::Subscription>,
+    ) -> crate::Result<BTreeMap<String, i32>> {
         let config = &self.shared.config;
         let bound = session::request_bound(config.connection.request_timeout, config.session_timeout);
         let topics = match tokio::time::timeout(bound, self.shared.cluster.list_topics()).await {
@@ -415,7 +418,7 @@ impl<H: RecordHandler> Member<H> {
                 return Err(crate::Error::Deadline { what: "counting the group's partitions".into(), timeout: bound })
             }
         };
-        let wanted: std::collections::BTreeSet<&String> = members.values().flatten().collect();
+        let wanted: std::collections::BTreeSet<&String> = members.values().flat_map(|s| &s.topics).collect();
         Ok(topics
             .into_iter()
             .filter(|t| wanted.contains(&t.name))

@@ -74,8 +74,8 @@ pub(crate) struct Joined {
     pub(crate) member_id: String,
     pub(crate) leader_id: String,
     pub(crate) protocol: String,
-    /// Every member's subscribed topics; only the leader gets them.
-    pub(crate) members: BTreeMap<String, Vec<String>>,
+    /// Every member's subscription; only the leader gets them.
+    pub(crate) members: BTreeMap<String, assignor::Subscription>,
 }
 
 /// A group protocol of our own: its type and its one protocol's name.
@@ -278,12 +278,13 @@ impl GroupClient {
             }
             let mut members = BTreeMap::new();
             for member in &response.members {
-                let topics = assignor::decode_subscription(&member.metadata).map_err(|reason| Error::Protocol {
-                    addr: self.coordinator.as_ref().map(|c| c.addr().to_owned()).unwrap_or_default(),
-                    api: "JoinGroup",
-                    reason: format!("member {}: {reason}", member.member_id),
-                })?;
-                members.insert(member.member_id.to_string(), topics);
+                let subscription =
+                    assignor::decode_subscription(&member.metadata).map_err(|reason| Error::Protocol {
+                        addr: self.coordinator.as_ref().map(|c| c.addr().to_owned()).unwrap_or_default(),
+                        api: "JoinGroup",
+                        reason: format!("member {}: {reason}", member.member_id),
+                    })?;
+                members.insert(member.member_id.to_string(), subscription);
             }
             *member_id = response.member_id.to_string();
             let joined = Joined {
