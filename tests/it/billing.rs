@@ -445,16 +445,26 @@ async fn a_kill_mid_stream_charges_every_event_exactly_once() {
 /// again (a rolling deploy): every order is charged once, and, as every
 /// instance that stops gives its partitions up only after committing what
 /// it finished, the provider is asked once per order: nothing is
-/// redelivered, whatever the group protocol.
+/// redelivered, whatever the group protocol (the suite's).
 #[tokio::test]
 async fn a_rolling_restart_of_three_instances_charges_every_order_once() {
+    rolling_restart(&[]).await;
+}
+
+/// The same, the instances rebalancing cooperatively (classic protocol).
+#[tokio::test]
+async fn a_rolling_restart_of_three_cooperative_instances_charges_every_order_once() {
+    rolling_restart(&[("KAFKA_GROUP_PROTOCOL", "classic"), ("KAFKA_ASSIGNMENT_STRATEGY", "cooperative-sticky")]).await;
+}
+
+async fn rolling_restart(env: &[(&str, &str)]) {
     let mut setup = Setup::new("billing-rolling");
     setup.partitions = 6;
     setup.create_topics().await;
     let provider = FakeProvider::start(Faults::default()).await;
     let mut services = Vec::new();
     for _ in 0..3 {
-        services.push(setup.start(&provider).await);
+        services.push(setup.start_with(&provider, env).await);
     }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let producer = {
@@ -473,7 +483,7 @@ async fn a_rolling_restart_of_three_instances_charges_every_order_once() {
     for _ in 0..3 {
         let oldest = services.remove(0);
         oldest.stop().await;
-        services.push(setup.start(&provider).await);
+        services.push(setup.start_with(&provider, env).await);
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let orders = producer.await.unwrap();

@@ -500,21 +500,61 @@ async fn a_rebalance_lets_a_call_run_past_the_shutdown_grace() {
     assert!(handler.succeeded("slow"));
 }
 
-/// A member that joins, then leaves, while records flow: under the
-/// consumer group protocol (KIP-848) the member already there gives up
-/// only the partitions the newcomer takes (they drain and commit first)
-/// and takes back only those when it leaves; its other partitions never
-/// stop. Under the classic protocol (eager) each rebalance stops all of
-/// them. Under both, every record is handled once: nothing a member gave
-/// up is handled again by the next.
+/// How a test's listeners rebalance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rebalancing {
+    /// The classic protocol, range: every rebalance stops every partition.
+    Eager,
+    /// The classic protocol, cooperative-sticky (KIP-429).
+    Cooperative,
+    /// The consumer group protocol (KIP-848).
+    ConsumerProtocol,
+}
+
+impl Rebalancing {
+    fn configure(self, c: &mut retry_kafka::ListenerConfig) {
+        use retry_kafka::{AssignmentStrategy, GroupProtocol};
+        (c.group_protocol, c.assignment_strategy) = match self {
+            Rebalancing::Eager => (GroupProtocol::Classic, AssignmentStrategy::Range),
+            Rebalancing::Cooperative => (GroupProtocol::Classic, AssignmentStrategy::CooperativeSticky),
+            Rebalancing::ConsumerProtocol => (GroupProtocol::Consumer, AssignmentStrategy::Range),
+        };
+    }
+}
+
 #[tokio::test]
-async fn a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must() {
+async fn a_member_joining_and_leaving_mid_traffic_stops_every_partition_when_eager() {
+    joining_and_leaving_mid_traffic(Rebalancing::Eager).await;
+}
+
+#[tokio::test]
+async fn a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must_when_cooperative() {
+    joining_and_leaving_mid_traffic(Rebalancing::Cooperative).await;
+}
+
+#[tokio::test]
+async fn a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must_under_the_consumer_protocol() {
+    joining_and_leaving_mid_traffic(Rebalancing::ConsumerProtocol).await;
+}
+
+/// A member that joins, then leaves, while records flow: incrementally
+/// (cooperative, consumer protocol) the member already there gives up only
+/// the partitions the newcomer takes (they drain and commit first) and
+/// takes back only those when it leaves; its other partitions never stop.
+/// Eagerly, each rebalance stops all of them. Either way, every record is
+/// handled once: nothing a member gave up is handled again by the next.
+async fn joining_and_leaving_mid_traffic(rebalancing: Rebalancing) {
     const PARTITIONS: i32 = 6;
     let ladder = Ladder::create("incremental", "100ms", PARTITIONS).await;
     let groups = ladder.consumed().len() as u64;
     let all = PARTITIONS as u64 * groups;
+    let config = || {
+        let mut c = ladder.config();
+        rebalancing.configure(&mut c);
+        c
+    };
     let (a, b) = (Scripted::new(&[]), Scripted::new(&[]));
-    let first = start_joined(&ladder, a.clone()).await;
+    let first = crate::support::start_joined_with(config(), a.clone()).await;
     let owned = |l: &Listener| {
         let s = l.stats().snapshot();
         s.partitions_started - s.partitions_stopped
@@ -535,7 +575,7 @@ async fn a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must() {
             sent
         })
     };
-    let second = start_joined(&ladder, b.clone()).await;
+    let second = crate::support::start_joined_with(config(), b.clone()).await;
     eventually("the members to share the partitions", SETTLE, || async {
         (owned(&first) + owned(&second) == all && owned(&second) > 0).then_some(())
     })
@@ -555,19 +595,15 @@ async fn a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must() {
     let after_leave = first.stats().snapshot();
     first.shutdown().await;
 
-    match integration::group_protocol() {
-        retry_kafka::GroupProtocol::Consumer => {
-            assert_eq!(after_join.partitions_stopped, moved, "the first member stopped more than the newcomer took");
-            assert_eq!(
-                after_leave.partitions_stopped, moved,
-                "the first member stopped partitions when the other left"
-            );
-            assert_eq!(after_leave.partitions_started, all + moved, "it started only what came back");
-        }
-        // Eager: every partition of the member stops at each rebalance.
-        retry_kafka::GroupProtocol::Classic => {
-            assert!(after_join.partitions_stopped >= all, "{after_join:?}");
-        }
+    if rebalancing == Rebalancing::Eager {
+        assert!(
+            after_join.partitions_stopped >= all,
+            "an eager rebalance stopped only some partitions: {after_join:?}"
+        );
+    } else {
+        assert_eq!(after_join.partitions_stopped, moved, "the first member stopped more than the newcomer took");
+        assert_eq!(after_leave.partitions_stopped, moved, "the first member stopped partitions when the other left");
+        assert_eq!(after_leave.partitions_started, all + moved, "it started only what came back");
     }
     let mut keys: Vec<String> =
         [a.calls(), b.calls()].concat().into_iter().filter(|c| c.key != "fence").map(|c| c.key).collect();

@@ -36,6 +36,8 @@ pub(crate) enum Need {
     BatchesKept,
     /// Offset-commit metadata kept.
     CommitMetadata,
+    /// The consumer group protocol (KIP-848: ConsumerGroupHeartbeat).
+    ConsumerProtocol,
     /// A group whose leader left during a rebalance electing another.
     LeaderReelection,
     /// A broker that drops offset-commit metadata (the test checks what happens there).
@@ -86,7 +88,18 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("faults::refused_produce_requests_are_retried_or_split", &[Need::MockFaults]),
     ("faults::requests_that_never_answer_are_abandoned_and_their_connections_replaced", &[Need::MockFaults]),
     ("group::a_drain_longer_than_the_session_keeps_the_member_and_its_commit", &[Need::CommitsDuringRebalances]),
-    ("group::a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must", &[Need::CommitsDuringRebalances]),
+    (
+        "group::a_member_joining_and_leaving_mid_traffic_stops_every_partition_when_eager",
+        &[Need::CommitsDuringRebalances],
+    ),
+    (
+        "group::a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must_when_cooperative",
+        &[Need::CommitsDuringRebalances],
+    ),
+    (
+        "group::a_member_joining_and_leaving_mid_traffic_moves_only_what_it_must_under_the_consumer_protocol",
+        &[Need::ConsumerProtocol],
+    ),
     ("group::a_java_consumer_shares_the_group_and_reads_the_dead_letters_as_written", &[Need::ApacheKafka]),
     ("group::a_member_stopped_while_it_joins_leaves_the_group", &[Need::ApacheKafka]),
     ("group::a_rebalance_lets_a_call_run_past_the_shutdown_grace", &[Need::CommitsDuringRebalances]),

@@ -154,6 +154,10 @@ fn lacks(pass: Pass, need: Need) -> Option<&'static str> {
     let lacking = |lacks: bool, why: &'static str| lacks.then_some(why);
     match need {
         Need::ApacheKafka => lacking(!kafka, "it needs Apache Kafka (it runs on it)"),
+        Need::ConsumerProtocol => lacking(
+            !kafka,
+            "neither tansu 0.6.0 nor the mock cluster speaks the consumer group protocol (KIP-848): it runs on Apache Kafka",
+        ),
         Need::MockFaults => lacking(!mock, "it needs the mock cluster's fault injection (it runs on the mock)"),
         Need::Sasl => lacking(!kind.sasl(), "the broker does not require SASL"),
         Need::Tls => lacking(kind.tls().is_none(), "the broker is not behind TLS"),

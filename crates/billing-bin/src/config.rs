@@ -405,6 +405,12 @@ pub(crate) struct RunArgs {
     /// interval are then the broker's group.consumer.* settings).
     #[arg(long, env = "KAFKA_GROUP_PROTOCOL", default_value = "classic", value_parser = parse_group_protocol)]
     pub(crate) group_protocol: retry_kafka::GroupProtocol,
+    /// Under the classic group protocol, how rebalances move partitions:
+    /// range (eager: every rebalance stops every partition) or
+    /// cooperative-sticky (only the partitions that move stop). Every
+    /// instance of a group must use the same.
+    #[arg(long, env = "KAFKA_ASSIGNMENT_STRATEGY", default_value = "range", value_parser = parse_assignment_strategy)]
+    pub(crate) assignment_strategy: retry_kafka::AssignmentStrategy,
     /// How long the consumer groups wait for a silent member (no heartbeat)
     /// before they move its partitions; with KAFKA_GROUP_INSTANCE_ID, how
     /// long a restart may take without a rebalance.
@@ -550,6 +556,10 @@ pub(crate) enum LogFormat {
 }
 
 fn parse_group_protocol(s: &str) -> Result<retry_kafka::GroupProtocol, String> {
+    s.parse().map_err(|e: retry_kafka::Error| e.to_string())
+}
+
+fn parse_assignment_strategy(s: &str) -> Result<retry_kafka::AssignmentStrategy, String> {
     s.parse().map_err(|e: retry_kafka::Error| e.to_string())
 }
 

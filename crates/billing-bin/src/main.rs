@@ -114,6 +114,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     config.handler_timeout = handler.time_needed();
     config.group_instance_id = args.group_instance_id.clone();
     config.group_protocol = args.group_protocol;
+    config.assignment_strategy = args.assignment_strategy;
     config.session_timeout = args.session_timeout;
     // Kafka's advice: a third of the session, so two heartbeats may be late.
     config.heartbeat_interval = args.session_timeout / 3;

@@ -87,7 +87,7 @@ pub use connection::security::{
 pub use connection::ConnectionConfig;
 pub use consumer::{
     brake::{BrakeStatus, Engagement},
-    config::{GroupProtocol, HandlerCalls, ListenerConfig, OffsetReset},
+    config::{AssignmentStrategy, GroupProtocol, HandlerCalls, ListenerConfig, OffsetReset},
     listener::{BrakeView, Listener, Readiness},
 };
 pub use error::{BrokerError, ClientError, Error, Result, TlsFile, TopicProblem, TopicProblems};

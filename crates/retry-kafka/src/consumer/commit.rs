@@ -14,8 +14,6 @@ use std::{
     time::Duration,
 };
 
-use std::sync::atomic::{AtomicI32, Ordering};
-
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -121,8 +119,8 @@ impl CommitTracker {
 /// The committing task of one generation.
 pub(crate) struct Committer {
     pub(crate) tracker: Arc<CommitTracker>,
-    /// The generation (or member epoch) the commits carry.
-    generation: Arc<AtomicI32>,
+    /// The generation (or member epoch) and member id the commits carry.
+    member: Arc<Mutex<(i32, String)>>,
     /// Asks for a commit now; answered with whether it landed.
     flushes: mpsc::UnboundedSender<oneshot::Sender<bool>>,
     stop: CancellationToken,
@@ -160,7 +158,7 @@ impl Committer {
         let interval = settings.interval;
         let tracker = Arc::new(CommitTracker::new(settings.batch, progress, generation_id));
         let stop = CancellationToken::new();
-        let generation = Arc::new(AtomicI32::new(generation_id));
+        let member = Arc::new(Mutex::new((generation_id, member_id)));
         let (flushes, mut flush_asks) = mpsc::unbounded_channel::<oneshot::Sender<bool>>();
         let mut client = GroupClient::new(settings.connection.clone(), settings.group_id)
             .with_instance_id(settings.instance_id)
@@ -168,7 +166,7 @@ impl Committer {
         let task = {
             let tracker = tracker.clone();
             let stop = stop.clone();
-            let generation = generation.clone();
+            let member = member.clone();
             tokio::spawn(async move {
                 // After a failed commit, the next try waits longer (with
                 // jitter) than the interval: a coordinator that refuses
@@ -194,7 +192,7 @@ impl Committer {
                         }
                     };
                     wait = interval;
-                    let generation_id = generation.load(Ordering::Relaxed);
+                    let (generation_id, member_id) = member.lock().expect("no panics while holding the lock").clone();
                     let mut landed = true;
                     let mut offsets = tracker.take();
                     let marker = marker();
@@ -224,7 +222,8 @@ impl Committer {
                                     // The epoch may have moved on meanwhile
                                     // (STALE_MEMBER_EPOCH): the try again uses
                                     // the latest.
-                                    let generation_id = generation.load(Ordering::Relaxed);
+                                    let (generation_id, member_id) =
+                                        member.lock().expect("no panics while holding the lock").clone();
                                     // One more try for the final commit: the records
                                     // are redelivered otherwise (safe, but wasteful).
                                     let offsets = with_marker(&tracker.take(), &marker);
@@ -250,12 +249,17 @@ impl Committer {
                 }
             })
         };
-        Committer { tracker, generation, flushes, stop, task }
+        Committer { tracker, member, flushes, stop, task }
     }
 
     /// Commits from now on as generation (or member epoch) `id`.
     pub(crate) fn set_generation(&self, id: i32) {
-        self.generation.store(id, Ordering::Relaxed);
+        self.member.lock().expect("no panics while holding the lock").0 = id;
+    }
+
+    /// Commits from now on as `member_id` of generation `id`.
+    pub(crate) fn set_member(&self, id: i32, member_id: &str) {
+        *self.member.lock().expect("no panics while holding the lock") = (id, member_id.to_owned());
     }
 
     /// A handle that asks for commits, for a task of its own.

@@ -84,6 +84,54 @@ impl std::str::FromStr for GroupProtocol {
     }
 }
 
+/// How the classic protocol's rebalances move partitions: which assignor
+/// the members announce (Kafka's `partition.assignment.strategy`). Every
+/// member of a group must announce the same one.
+///
+/// ```
+/// use retry_kafka::AssignmentStrategy;
+///
+/// assert_eq!("cooperative-sticky".parse::<AssignmentStrategy>().ok(), Some(AssignmentStrategy::CooperativeSticky));
+/// assert_eq!(AssignmentStrategy::Range.name(), "range");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AssignmentStrategy {
+    /// Eager (`range`): at each rebalance every member stops all its
+    /// partitions, and the leader assigns them afresh.
+    #[default]
+    Range,
+    /// Incremental (`cooperative-sticky`, KIP-429): members keep their
+    /// partitions through a rebalance, and only those that move stop, in a
+    /// second rebalance that follows at once.
+    CooperativeSticky,
+}
+
+impl AssignmentStrategy {
+    /// Its name, as Kafka's `partition.assignment.strategy` says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AssignmentStrategy::Range => "range",
+            AssignmentStrategy::CooperativeSticky => "cooperative-sticky",
+        }
+    }
+}
+
+impl std::str::FromStr for AssignmentStrategy {
+    type Err = Error;
+
+    /// `range` or `cooperative-sticky`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "range" => Ok(AssignmentStrategy::Range),
+            "cooperative-sticky" => Ok(AssignmentStrategy::CooperativeSticky),
+            other => Err(Error::setting(
+                "ListenerConfig::assignment_strategy",
+                format!("assignment strategy {other:?} is neither range nor cooperative-sticky: give one of them"),
+            )),
+        }
+    }
+}
+
 /// Where to start a partition that has no committed offset, or whose
 /// committed offset no longer exists (retention deleted it). Retry rungs
 /// always start at their earliest record: what was republished to them is
@@ -193,6 +241,10 @@ pub struct ListenerConfig {
     /// Which group protocol the members speak: the classic one (the
     /// default) or the consumer group protocol of KIP-848 (see [`GroupProtocol`]).
     pub group_protocol: GroupProtocol,
+    /// Under the classic protocol, how rebalances move partitions: eagerly
+    /// (`range`, the default) or incrementally (`cooperative-sticky`); see
+    /// [`AssignmentStrategy`]. The consumer group protocol assigns on the broker.
+    pub assignment_strategy: AssignmentStrategy,
     /// Commit finished offsets at least this often...
     pub commit_interval: Duration,
     /// ...or as soon as this many records finished.
@@ -286,6 +338,7 @@ impl ListenerConfig {
             shutdown_grace: Duration::from_secs(10),
             group_instance_id: None,
             group_protocol: GroupProtocol::Classic,
+            assignment_strategy: AssignmentStrategy::Range,
             commit_interval: Duration::from_secs(1),
             commit_batch: 100,
             fetch_max_bytes: 1 << 20,

@@ -13,6 +13,7 @@ use crate::{
         brake::{BrakeStatus, SharedBrake},
         config::ListenerConfig,
         consumer_protocol::ConsumerMember,
+        cooperative::CooperativeMember,
         member::Member,
         pause::PauseWatch,
         shared::Shared,
@@ -21,7 +22,7 @@ use crate::{
     protocol::group::GroupClient,
     publisher::Publisher,
     stats::ListenerStats,
-    DeadLetterAdmin, GroupProtocol, RecordHandler, Result, TopicPlan,
+    AssignmentStrategy, DeadLetterAdmin, GroupProtocol, RecordHandler, Result, TopicPlan,
 };
 
 /// A running listener. Dropping it stops nothing: call
@@ -127,11 +128,14 @@ impl Listener {
         for retry_core::groups::ConsumedTopic { stage, topic, group: group_id } in consumed {
             let (topic, group_id) = (topic.to_owned(), group_id.to_owned());
             let shutdown = shutdown.clone();
-            match shared.config.group_protocol {
-                GroupProtocol::Classic => {
+            match (shared.config.group_protocol, shared.config.assignment_strategy) {
+                (GroupProtocol::Classic, AssignmentStrategy::Range) => {
                     tasks.spawn(Member { shared: shared.clone(), stage, topic, group_id, shutdown }.run());
                 }
-                GroupProtocol::Consumer => {
+                (GroupProtocol::Classic, AssignmentStrategy::CooperativeSticky) => {
+                    tasks.spawn(CooperativeMember { shared: shared.clone(), stage, topic, group_id, shutdown }.run());
+                }
+                (GroupProtocol::Consumer, _) => {
                     tasks.spawn(ConsumerMember { shared: shared.clone(), stage, topic, group_id, shutdown }.run());
                 }
             }

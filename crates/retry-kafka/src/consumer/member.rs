@@ -101,13 +101,13 @@ enum Round {
 /// coordinator unreachable, a malformed answer, committed offsets
 /// unreadable), growing with jitter up to [`MAX_BACKOFF`], so a persistent
 /// error does not turn into a rebalance storm.
-const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
+pub(super) const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
 /// The longest pause between such rounds.
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// What to do after a JoinGroup or SyncGroup round failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum AfterJoinError {
+pub(super) enum AfterJoinError {
     /// The rebalance moved on without us (a protocol signal): rejoin soon.
     Rejoin,
     /// The coordinator forgot our member id: rejoin soon as a new member.
@@ -119,7 +119,7 @@ enum AfterJoinError {
 }
 
 impl AfterJoinError {
-    fn of(error: Option<BrokerError>) -> Self {
+    pub(super) fn of(error: Option<BrokerError>) -> Self {
         match error {
             Some(BrokerError::REBALANCE_IN_PROGRESS | BrokerError::ILLEGAL_GENERATION) => AfterJoinError::Rejoin,
             Some(BrokerError::UNKNOWN_MEMBER_ID) => AfterJoinError::RejoinAsNewMember,
@@ -192,7 +192,7 @@ impl WhileDraining {
 /// UNKNOWN_MEMBER_ID): these are part of the protocol, so no backoff
 /// builds up. Kafka's coordinator holds JoinGroup until the group is
 /// ready; with one that answers at once, the pause keeps us from spinning.
-const REJOIN_PAUSE: Duration = Duration::from_millis(100);
+pub(super) const REJOIN_PAUSE: Duration = Duration::from_millis(100);
 
 /// One generation of ours, as the round that began it gave it.
 struct Generation {
@@ -268,7 +268,7 @@ impl<H: RecordHandler> Member<H> {
                             expectation = Expectation::Anything;
                             REJOIN_PAUSE
                         }
-                        AfterJoinError::Fenced => return self.fenced(),
+                        AfterJoinError::Fenced => return fenced(&self.shared, &self.group_id),
                         AfterJoinError::BackOff => {
                             let pause = backoff.next();
                             tracing::warn!(group = %self.group_id, error = %e, retry_in_ms = pause.as_millis() as u64, "joining the group failed; retrying");
@@ -315,7 +315,7 @@ impl<H: RecordHandler> Member<H> {
                     expectation = Expectation::Anything;
                 }
                 End::Recheck => expectation = Expectation::FollowerIn(generation_id),
-                End::Fenced => return self.fenced(),
+                End::Fenced => return fenced(&self.shared, &self.group_id),
             }
         }
     }
@@ -348,21 +348,6 @@ impl<H: RecordHandler> Member<H> {
         member_id.clear();
     }
 
-    /// Another instance joined with our `group_instance_id`: two instances
-    /// share one, which the coordinator resolves by fencing the older. Going
-    /// on would fence the other in turn, forever; this member stops, and
-    /// the listener stays not ready.
-    fn fenced(&self) {
-        tracing::error!(
-            group = %self.group_id,
-            instance = ?self.shared.config.group_instance_id,
-            "another instance joined the group with this group_instance_id, and the coordinator fenced this one: \
-             two running instances share an instance id; this member stops consuming (give each instance its own)"
-        );
-        self.shared.metrics.evicted(&self.group_id);
-        std::mem::forget(Impaired::new(&self.shared));
-    }
-
     /// JoinGroup then SyncGroup; the leader assigns with the range
     /// assignor. `member_id` keeps what the coordinator calls us, whatever
     /// fails after it said so; `expectation` is checked against the
@@ -375,14 +360,14 @@ impl<H: RecordHandler> Member<H> {
     ) -> crate::Result<Round> {
         let config = &self.shared.config;
         let topics = [self.topic.clone()];
-        let joined = client.join(member_id, &topics, config.session_timeout, config.rebalance_timeout).await?;
+        let joined = client.join(member_id, &topics, None, config.session_timeout, config.rebalance_timeout).await?;
         let leader = joined.is_leader();
         if let Some(why) = std::mem::replace(expectation, Expectation::Anything).broken_by(joined.generation_id, leader)
         {
             return Ok(Round::Stale(why));
         }
         let (assignments, counted) = if leader {
-            let counts = self.partition_counts(&joined.members).await?;
+            let counts = partition_counts(&self.shared, &joined.members).await?;
             (assignor::assign_range(&joined.members, &counts), counts.get(&self.topic).copied())
         } else {
             (BTreeMap::new(), None)
@@ -390,40 +375,6 @@ impl<H: RecordHandler> Member<H> {
         let mine = client.sync(&joined, &assignments, config.rebalance_timeout).await?;
         let partitions = mine.get(&self.topic).cloned().unwrap_or_default();
         Ok(Round::Assigned { generation_id: joined.generation_id, leader, partitions, counted })
-    }
-
-    /// The consumed topic's partition count now, if the listing answers.
-    async fn partition_count(&self) -> Option<i32> {
-        match self.shared.cluster.list_topics().await {
-            Ok(topics) => topics.into_iter().find(|t| t.name == self.topic).map(|t| t.partitions.len() as i32),
-            Err(e) => {
-                tracing::debug!(group = %self.group_id, error = %e, "cannot count the topic's partitions");
-                None
-            }
-        }
-    }
-
-    /// The leader's count of its members' topics' partitions, bounded
-    /// within the session: the followers wait in SyncGroup meanwhile, and
-    /// the coordinator drops a leader that does not come back in time.
-    async fn partition_counts(
-        &self,
-        members: &BTreeMap<String, assignor::Subscription>,
-    ) -> crate::Result<BTreeMap<String, i32>> {
-        let config = &self.shared.config;
-        let bound = session::request_bound(config.connection.request_timeout, config.session_timeout);
-        let topics = match tokio::time::timeout(bound, self.shared.cluster.list_topics()).await {
-            Ok(topics) => topics?,
-            Err(_) => {
-                return Err(crate::Error::Deadline { what: "counting the group's partitions".into(), timeout: bound })
-            }
-        };
-        let wanted: std::collections::BTreeSet<&String> = members.values().flat_map(|s| &s.topics).collect();
-        Ok(topics
-            .into_iter()
-            .filter(|t| wanted.contains(&t.name))
-            .map(|t| (t.name, t.partitions.len() as i32))
-            .collect())
     }
 
     /// Runs one generation: heartbeats from its start, workers once the
@@ -650,7 +601,10 @@ impl<H: RecordHandler> Member<H> {
                     last_count = tokio::time::Instant::now();
                     // Bounded, so a hung metadata connection costs a check,
                     // never the heartbeats that keep our session.
-                    let count = tokio::time::timeout(config.heartbeat_interval, self.partition_count());
+                    let count = tokio::time::timeout(
+                        config.heartbeat_interval,
+                        partition_count(&self.shared, &self.topic, &self.group_id),
+                    );
                     if let Ok(Some(now)) = count.await {
                         if now != counted {
                             tracing::info!(group = %self.group_id, topic = %self.topic, from = counted, to = now, "the topic's partition count changed; rejoining to assign them");
@@ -695,6 +649,51 @@ impl<H: RecordHandler> Member<H> {
             }
         }
     }
+}
+
+/// Another instance joined with our `group_instance_id`: two instances
+/// share one, which the coordinator resolves by fencing the older. Going
+/// on would fence the other in turn, forever; this member stops, and
+/// the listener stays not ready.
+pub(super) fn fenced<H>(shared: &Shared<H>, group_id: &str) {
+    tracing::error!(
+        group = %group_id,
+        instance = ?shared.config.group_instance_id,
+        "another instance joined the group with this group_instance_id, and the coordinator fenced this one: \
+         two running instances share an instance id; this member stops consuming (give each instance its own)"
+    );
+    shared.metrics.evicted(group_id);
+    std::mem::forget(Impaired::new(shared));
+}
+
+/// The consumed topic's partition count now, if the listing answers.
+pub(super) async fn partition_count<H>(shared: &Shared<H>, topic: &str, group_id: &str) -> Option<i32> {
+    match shared.cluster.list_topics().await {
+        Ok(topics) => topics.into_iter().find(|t| t.name == topic).map(|t| t.partitions.len() as i32),
+        Err(e) => {
+            tracing::debug!(group = %group_id, error = %e, "cannot count the topic's partitions");
+            None
+        }
+    }
+}
+
+/// The leader's count of its members' topics' partitions, bounded
+/// within the session: the followers wait in SyncGroup meanwhile, and
+/// the coordinator drops a leader that does not come back in time.
+pub(super) async fn partition_counts<H>(
+    shared: &Shared<H>,
+    members: &BTreeMap<String, assignor::Subscription>,
+) -> crate::Result<BTreeMap<String, i32>> {
+    let config = &shared.config;
+    let bound = session::request_bound(config.connection.request_timeout, config.session_timeout);
+    let topics = match tokio::time::timeout(bound, shared.cluster.list_topics()).await {
+        Ok(topics) => topics?,
+        Err(_) => {
+            return Err(crate::Error::Deadline { what: "counting the group's partitions".into(), timeout: bound })
+        }
+    };
+    let wanted: std::collections::BTreeSet<&String> = members.values().flat_map(|s| &s.topics).collect();
+    Ok(topics.into_iter().filter(|t| wanted.contains(&t.name)).map(|t| (t.name, t.partitions.len() as i32)).collect())
 }
 
 #[cfg(test)]

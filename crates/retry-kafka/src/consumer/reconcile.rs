@@ -75,6 +75,11 @@ impl Reconciler {
         self.running.contains(&partition)
     }
 
+    /// Whether partitions taken away are still being given up.
+    pub(crate) fn is_releasing(&self) -> bool {
+        !self.stopping.is_empty()
+    }
+
     /// Nothing is owned any more (a member that leaves waits for this).
     pub(crate) fn is_empty(&self) -> bool {
         self.running.is_empty() && self.stopping.is_empty()

@@ -233,16 +233,26 @@ impl GroupClient {
     /// gives it, even if a later step fails: rejoining under a fresh id
     /// would leave the old one behind as a member that never syncs, which
     /// the group waits for until its session times out.
+    ///
+    /// `owned` makes the member a cooperative one (cooperative-sticky,
+    /// KIP-429): what it owns and since which generation; `None`, an eager
+    /// one (range).
     pub(crate) async fn join(
         &mut self,
         member_id: &mut String,
         topics: &[String],
+        owned: Option<(&Assignment, i32)>,
         session_timeout: Duration,
         rebalance_timeout: Duration,
     ) -> Result<Joined> {
-        let protocol = JoinGroupRequestProtocol::default()
-            .with_name(str_bytes(assignor::RANGE))
-            .with_metadata(assignor::encode_subscription(topics));
+        let protocol = match owned {
+            None => JoinGroupRequestProtocol::default()
+                .with_name(str_bytes(assignor::RANGE))
+                .with_metadata(assignor::encode_subscription(topics)),
+            Some((owned, generation)) => JoinGroupRequestProtocol::default()
+                .with_name(str_bytes(assignor::COOPERATIVE_STICKY))
+                .with_metadata(assignor::encode_owned_subscription(topics, owned, generation)),
+        };
         for _ in 0..3 {
             let request = JoinGroupRequest::default()
                 .with_group_id(GroupId(str_bytes(&self.group_id)))
