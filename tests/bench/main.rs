@@ -24,7 +24,9 @@
 //! - `create <topic> <partitions> 0`: the ladder's topics, for a foreign
 //!   producer to fill;
 //! - `fetch <topic> <partitions> <records>`: rskafka's fetch of what is
-//!   there, timed.
+//!   there, timed;
+//! - `rebalance <topic> <partitions> <records> <eager|cooperative|consumer>
+//!   [static]`: a rolling restart of three instances (see `rebalance.rs`).
 //!
 //! Each prints one line of `key=value` figures for xtask to tabulate.
 
@@ -47,6 +49,8 @@ use rskafka::{
     client::partition::{Compression, UnknownTopicHandling},
     record::Record,
 };
+
+mod rebalance;
 
 const VALUE_BYTES: usize = 256;
 const PRODUCE_BATCH: usize = 500;
@@ -86,6 +90,10 @@ async fn main() {
             pipeline(&topic, partitions, records, failure_percent, latency, max_in_flight, calls).await
         }
         "probe" => probe(&topic, partitions, records as i32).await,
+        "rebalance" => {
+            let fixed = args.get(5).is_some_and(|s| s == "static");
+            rebalance::rebalance(&topic, partitions, records, arg(4), fixed).await
+        }
         "orders" => orders(&topic, partitions, records).await,
         // The ladder's topics, for a foreign producer to fill.
         "create" => {

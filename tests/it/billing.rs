@@ -520,6 +520,22 @@ async fn topics_create_names_the_request_the_broker_lacks() {
     assert!(stderr.contains("does not support"), "{stderr}");
 }
 
+/// A broker without the consumer group protocol (KIP-848) refuses
+/// `KAFKA_GROUP_PROTOCOL=consumer` at start, with what to do instead.
+#[tokio::test]
+async fn the_consumer_group_protocol_is_refused_where_the_broker_lacks_it() {
+    let setup = Setup::new("billing-no-kip848");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let url = provider.url();
+    let env =
+        [("BILLING_PROVIDER_URL", url.as_str()), ("ADMIN_LISTEN", "127.0.0.1:0"), ("KAFKA_GROUP_PROTOCOL", "consumer")];
+    let (code, _, stderr) = setup.run(&["run"], &env).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("does not speak the consumer group protocol"), "{stderr}");
+    assert!(stderr.contains("KAFKA_GROUP_PROTOCOL=classic"), "{stderr}");
+}
+
 #[tokio::test]
 async fn start_up_refuses_missing_topics_and_bad_configuration() {
     let setup = Setup::new("billing-refuse");
@@ -536,7 +552,13 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
     let (code, _, stderr) = setup.run(&["topics", "verify"], &[]).await;
     assert_eq!(code, 1, "{stderr}");
 
-    let bad: [(&str, &str, &str); 12] = [
+    let bad: [(&str, &str, &str); 14] = [
+        (
+            "KAFKA_GROUP_PROTOCOL",
+            "eager",
+            "KAFKA_GROUP_PROTOCOL: group protocol \"eager\" is neither classic nor consumer",
+        ),
+        ("KAFKA_ASSIGNMENT_STRATEGY", "sticky", "is neither range nor cooperative-sticky"),
         ("BILLING_START_AT", "yesterday", "BILLING_START_AT: start position \"yesterday\" is none of earliest, latest"),
         ("BILLING_PROVIDER_IDEMPOTENCY_WINDOW", "30m", "must be longer than BILLING_PROVIDER_IDEMPOTENCY_MARGIN"),
         ("BILLING_PROVIDER_IDEMPOTENCY_WINDOW", "a day", "BILLING_PROVIDER_IDEMPOTENCY_WINDOW"),

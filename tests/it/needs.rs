@@ -38,6 +38,8 @@ pub(crate) enum Need {
     CommitMetadata,
     /// The consumer group protocol (KIP-848: ConsumerGroupHeartbeat).
     ConsumerProtocol,
+    /// A broker without the consumer group protocol.
+    NoConsumerProtocol,
     /// A group whose leader left during a rebalance electing another.
     LeaderReelection,
     /// A broker that drops offset-commit metadata (the test checks what happens there).
@@ -55,10 +57,15 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
         "billing::a_rolling_restart_of_three_instances_charges_every_order_once",
         &[Need::CommitsDuringRebalances, Need::LongRun],
     ),
+    (
+        "billing::a_rolling_restart_of_three_cooperative_instances_charges_every_order_once",
+        &[Need::CommitsDuringRebalances, Need::LongRun],
+    ),
     ("billing::an_engaged_brake_is_taken_up_by_the_next_owner_of_what_it_held", &[Need::CommitMetadata]),
     ("billing::an_outage_of_the_provider_fills_no_dead_letter_topic_with_the_brake", &[Need::OncePerRun]),
     ("billing::events_past_the_idempotency_window_are_dead_lettered_not_charged", &[Need::OffsetsByTime]),
     ("billing::faults::billing_charges_every_order_through_leader_moves_and_a_broker_outage", &[Need::MockFaults]),
+    ("billing::the_consumer_group_protocol_is_refused_where_the_broker_lacks_it", &[Need::NoConsumerProtocol]),
     ("billing::faults::every_order_is_charged_once_through_a_killed_leader_and_coordinator", &[Need::ApacheKafka]),
     ("billing::faults::every_order_is_charged_once_through_a_rolling_restart", &[Need::ApacheKafka]),
     ("billing::faults::every_order_is_charged_once_through_connections_cut_by_the_broker", &[Need::TlsProxy]),

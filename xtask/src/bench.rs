@@ -37,9 +37,18 @@ pub(crate) struct BenchArgs {
     /// Kafka's @RetryableTopic, `tests/peers/spring`) on Apache Kafka.
     #[arg(long, value_enum)]
     peer: Option<Peer>,
-    /// Orders of each side-by-side scenario.
+    /// Orders of each side-by-side scenario, and of each rebalance scenario.
     #[arg(long, default_value_t = 20_000)]
     orders: usize,
+    /// Instead, a rolling restart of three instances on Apache Kafka under
+    /// each way of rebalancing (eager, cooperative, the consumer group
+    /// protocol; with and without static membership): how long partitions
+    /// stood still, and what was handled twice.
+    #[arg(long)]
+    rebalance: bool,
+    /// Partitions of the rebalance scenarios' topics.
+    #[arg(long, default_value_t = 6)]
+    rebalance_partitions: i32,
 }
 
 /// The peers billing-bin is measured beside.
@@ -63,6 +72,9 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let binary = workspace_root().join("target/release/bench");
     if let Some(Peer::Spring) = args.peer {
         return crate::side_by_side::spring(&binary, args.orders, args.partitions);
+    }
+    if args.rebalance {
+        return rebalance(&binary, args.orders, args.rebalance_partitions);
     }
     if !args.codecs_only {
         let run_id = std::process::id();
@@ -161,6 +173,63 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         println!("failed records are republished (acks=all) to the retry rung before their offset is committed.");
     }
     codecs(&binary, args)
+}
+
+/// The rebalance rows: one Apache Kafka cluster of three brokers, each
+/// scenario on topics of its own, one after the other.
+fn rebalance(binary: &std::path::Path, orders: usize, partitions: i32) -> anyhow::Result<()> {
+    eprintln!("starting Apache Kafka (three brokers) for the rebalance scenarios...");
+    let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), crate::ci::KAFKA_BROKERS, 1)?;
+    crate::interrupt::started(&broker);
+    let run_id = std::process::id();
+    let result = (|| -> anyhow::Result<Vec<(&str, Figures)>> {
+        let scenarios = [
+            ("eager (classic, range)", "eager", ""),
+            ("eager, static members", "eager", "static"),
+            ("cooperative (classic, cooperative-sticky)", "cooperative", ""),
+            ("cooperative, static members", "cooperative", "static"),
+            ("consumer group protocol (KIP-848)", "consumer", ""),
+            ("consumer group protocol, static members", "consumer", "static"),
+        ];
+        let mut rows = Vec::new();
+        for (i, (name, mode, fixed)) in scenarios.into_iter().enumerate() {
+            eprintln!("scenario {}: {name}, {orders} orders over {partitions} partitions, a rolling restart", i + 1);
+            let topic = format!("bench-{run_id}-rebalance-{i}");
+            let out = Command::new(binary)
+                .args(["rebalance", &topic, &partitions.to_string(), &orders.to_string(), mode, fixed])
+                .env(BROKERS_ENV, &broker.addr)
+                .output()?;
+            if !out.status.success() {
+                bail!("bench rebalance {mode} {fixed} failed: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            rows.push((name, Figures(String::from_utf8(out.stdout)?)));
+        }
+        Ok(rows)
+    })();
+    let stopped = broker.stop();
+    crate::interrupt::stopped(&broker);
+    let rows = result?;
+    stopped?;
+    println!();
+    println!(
+        "{:<44} {:>18} {:>20} {:>13} {:>11}",
+        "rolling restart of 3 instances", "longest pause (s)", "paused partition-s", "redeliveries", "RSS (MiB)"
+    );
+    for (name, f) in &rows {
+        println!(
+            "{name:<44} {:>18.2} {:>20.1} {:>13} {:>11.1}",
+            f.get("longest_pause_ms")? / 1000.0,
+            f.get("paused_partition_s")?,
+            f.get("redeliveries")?,
+            f.get("peak_rss_kib")? / 1024.0
+        );
+    }
+    println!();
+    println!("{orders} orders arrive at a steady pace over {partitions} partitions while each instance in turn stops");
+    println!("and starts again; a pause is a partition handling nothing for longer than 250 ms (records arrive on");
+    println!("every partition every 20 ms). Classic members heartbeat every 500 ms, as the broker asks of consumer");
+    println!("group members here (group.consumer.heartbeat.interval.ms); sessions are 6 s.");
+    Ok(())
 }
 
 /// The codec rows: topics filled by a foreign producer (librdkafka through

@@ -154,6 +154,7 @@ fn lacks(pass: Pass, need: Need) -> Option<&'static str> {
     let lacking = |lacks: bool, why: &'static str| lacks.then_some(why);
     match need {
         Need::ApacheKafka => lacking(!kafka, "it needs Apache Kafka (it runs on it)"),
+        Need::NoConsumerProtocol => lacking(kafka, "Apache Kafka 4 speaks the consumer group protocol (it runs on tansu and the mock)"),
         Need::ConsumerProtocol => lacking(
             !kafka,
             "neither tansu 0.6.0 nor the mock cluster speaks the consumer group protocol (KIP-848): it runs on Apache Kafka",
