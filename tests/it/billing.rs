@@ -556,7 +556,7 @@ async fn start_up_refuses_missing_topics_and_bad_configuration() {
         (
             "KAFKA_GROUP_PROTOCOL",
             "eager",
-            "KAFKA_GROUP_PROTOCOL: group protocol \"eager\" is neither classic nor consumer",
+            "for '--group-protocol <GROUP_PROTOCOL>': group protocol \"eager\" is neither classic nor consumer",
         ),
         ("KAFKA_ASSIGNMENT_STRATEGY", "sticky", "is neither range nor cooperative-sticky"),
         ("BILLING_START_AT", "yesterday", "BILLING_START_AT: start position \"yesterday\" is none of earliest, latest"),

@@ -38,6 +38,8 @@ pub(crate) enum Need {
     CommitMetadata,
     /// The consumer group protocol (KIP-848: ConsumerGroupHeartbeat).
     ConsumerProtocol,
+    /// Listeners on the classic group protocol (JoinGroup rounds).
+    ClassicProtocol,
     /// A broker without the consumer group protocol.
     NoConsumerProtocol,
     /// A group whose leader left during a rebalance electing another.
@@ -108,7 +110,7 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
         &[Need::ConsumerProtocol],
     ),
     ("group::a_java_consumer_shares_the_group_and_reads_the_dead_letters_as_written", &[Need::ApacheKafka]),
-    ("group::a_member_stopped_while_it_joins_leaves_the_group", &[Need::ApacheKafka]),
+    ("group::a_member_stopped_while_it_joins_leaves_the_group", &[Need::ApacheKafka, Need::ClassicProtocol]),
     ("group::a_rebalance_lets_a_call_run_past_the_shutdown_grace", &[Need::CommitsDuringRebalances]),
     ("group::a_static_member_restarts_within_its_session_without_a_rebalance", &[Need::ApacheKafka]),
     ("interop::records_of_an_aborted_transaction_reach_the_handler_as_documented", &[Need::MockFaults]),

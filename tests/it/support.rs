@@ -451,12 +451,28 @@ pub(crate) async fn start_joined(ladder: &Ladder, handler: Arc<Scripted>) -> ret
 
 /// [`start_joined`], with `config`.
 pub(crate) async fn start_joined_with(config: ListenerConfig, handler: Arc<Scripted>) -> retry_kafka::Listener {
-    let groups = config.groups().consumed(config.policy().topology()).count() as u64;
+    let group_ids: Vec<String> =
+        config.groups().consumed(config.policy().topology()).map(|c| c.group.to_owned()).collect();
+    let groups = group_ids.len() as u64;
+    let consumer_protocol = config.group_protocol == retry_kafka::GroupProtocol::Consumer;
+    let connection = config.connection.clone();
     let listener = within("start", retry_kafka::Listener::start(config, handler)).await.unwrap();
     eventually("the listener to join its groups", SETTLE, || async {
         (listener.stats().snapshot().rebalances >= groups).then_some(())
     })
     .await;
+    // Under the consumer group protocol a newcomer's first assignment may
+    // be empty while the others release what it is to get: settled is
+    // when its coordinator says every member runs its target assignment.
+    if consumer_protocol {
+        for group in group_ids {
+            eventually(&format!("group {group} to settle"), SETTLE, || async {
+                let mut offsets = retry_kafka::GroupOffsets::new(connection.clone(), &group);
+                offsets.state().await.ok().filter(|s| s.is_stable()).map(|_| ())
+            })
+            .await;
+        }
+    }
     listener
 }
 

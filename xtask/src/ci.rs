@@ -154,6 +154,10 @@ fn lacks(pass: Pass, need: Need) -> Option<&'static str> {
     let lacking = |lacks: bool, why: &'static str| lacks.then_some(why);
     match need {
         Need::ApacheKafka => lacking(!kafka, "it needs Apache Kafka (it runs on it)"),
+        Need::ClassicProtocol => lacking(
+            pass.protocol == GroupProtocol::Consumer,
+            "it is about the classic protocol's JoinGroup rounds, which the consumer group protocol has none of",
+        ),
         Need::NoConsumerProtocol => lacking(kafka, "Apache Kafka 4 speaks the consumer group protocol (it runs on tansu and the mock)"),
         Need::ConsumerProtocol => lacking(
             !kafka,

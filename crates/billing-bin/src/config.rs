@@ -556,11 +556,20 @@ pub(crate) enum LogFormat {
 }
 
 fn parse_group_protocol(s: &str) -> Result<retry_kafka::GroupProtocol, String> {
-    s.parse().map_err(|e: retry_kafka::Error| e.to_string())
+    s.parse().map_err(problem)
+}
+
+/// What is wrong with a setting, without the library's name for it (clap
+/// names the flag and its variable).
+fn problem(e: retry_kafka::Error) -> String {
+    match e {
+        retry_kafka::Error::InvalidSetting { problem, .. } => problem,
+        other => other.to_string(),
+    }
 }
 
 fn parse_assignment_strategy(s: &str) -> Result<retry_kafka::AssignmentStrategy, String> {
-    s.parse().map_err(|e: retry_kafka::Error| e.to_string())
+    s.parse().map_err(problem)
 }
 
 fn parse_header_style(s: &str) -> Result<retry_core::HeaderStyle, String> {

@@ -77,7 +77,7 @@ pub use admin::{
         ReplayReport, ReplayRequest, SkippedRecord, MAX_SKIPPED_SHOWN,
     },
     lag::{PartitionLag, TopicLag},
-    offsets::GroupOffsets,
+    offsets::{GroupOffsets, GroupState},
     records::{read_partition, WrittenRecord},
     topics::{Created, CreatedTopic, TopicPlan, TopicRole, TopicSpec},
 };

@@ -2,6 +2,24 @@ use std::collections::BTreeMap;
 
 use crate::{protocol::group::GroupClient, ConnectionConfig, Result, TopicPartition};
 
+/// A consumer group's state, as its coordinator says it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupState {
+    /// Kafka's name for it: `Stable` (every member runs what it was
+    /// assigned), `PreparingRebalance` and `CompletingRebalance` (classic),
+    /// `Assigning` and `Reconciling` (consumer group protocol), `Empty`, `Dead`.
+    pub state: String,
+    /// How many members it has.
+    pub members: usize,
+}
+
+impl GroupState {
+    /// Whether every member runs what it was assigned, nothing moving.
+    pub fn is_stable(&self) -> bool {
+        self.state == "Stable"
+    }
+}
+
 /// A group's committed offsets, read and written from outside the group:
 /// what operators' tools and tests use. Offsets are ordinary group offsets,
 /// visible to every Kafka client's `OffsetFetch`.
@@ -19,6 +37,12 @@ impl GroupOffsets {
     /// `None` where nothing was committed.
     pub async fn committed(&mut self, partitions: &[TopicPartition]) -> Result<BTreeMap<TopicPartition, Option<i64>>> {
         self.client.committed(partitions).await
+    }
+
+    /// The group's state now, as its coordinator says it.
+    pub async fn state(&mut self) -> Result<GroupState> {
+        let (state, members) = self.client.describe().await?;
+        Ok(GroupState { state, members })
     }
 
     /// Commits `offsets` without being a member of the group (generation -1),

@@ -95,6 +95,14 @@ impl CommitTracker {
         self.progress.lock().expect("no panics while holding the lock").insert(tp.clone(), finished);
     }
 
+    /// Forgets what is pending for `partitions` of `topic`: they were given
+    /// up (committed by their drain) or lost (another member's now), and no
+    /// later commit of this member may carry them.
+    pub(crate) fn forget(&self, topic: &str, partitions: &[i32]) {
+        let mut pending = self.pending.lock().expect("no panics while holding the lock");
+        pending.retain(|tp, _| tp.topic != topic || !partitions.contains(&tp.partition));
+    }
+
     /// How far this generation finished each partition it reported:
     /// what was committed, or is about to be.
     fn finished(&self) -> BTreeMap<TopicPartition, i64> {

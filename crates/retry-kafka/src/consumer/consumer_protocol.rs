@@ -267,7 +267,7 @@ impl<H: RecordHandler> ConsumerMember<H> {
             End::Rejoin | End::Fenced | End::Unsupported => {
                 // Nothing more is committed: the partitions may be
                 // another member's by now.
-                partitions.abandon_all().await;
+                partitions.abandon_all(&committer).await;
                 committer.abandon().await;
             }
         }

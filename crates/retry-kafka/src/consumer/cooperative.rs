@@ -197,7 +197,7 @@ impl<H: RecordHandler> CooperativeMember<H> {
                 End::Rejoin => {}
                 End::Lost { new_member } => {
                     tracing::warn!(group = %self.group_id, member = %member_id, "this member's generation is gone: abandoning its partitions (others may own them now) and rejoining");
-                    partitions.abandon_all().await;
+                    partitions.abandon_all(&committer).await;
                     self.shared.metrics.evicted(&self.group_id);
                     _rejoining = Some(Impaired::new(&self.shared));
                     generation = -1;
@@ -211,7 +211,7 @@ impl<H: RecordHandler> CooperativeMember<H> {
         };
 
         if fenced_at_last {
-            partitions.abandon_all().await;
+            partitions.abandon_all(&committer).await;
             committer.abandon().await;
             fenced(&self.shared, &self.group_id);
             return;

@@ -19,7 +19,7 @@ use crate::{
         shared::Shared,
     },
     metrics::{Metrics, MetricsExposition},
-    protocol::group::GroupClient,
+    protocol::group::check_consumer_protocol,
     publisher::Publisher,
     stats::ListenerStats,
     AssignmentStrategy, DeadLetterAdmin, GroupProtocol, RecordHandler, Result, TopicPlan,
@@ -122,7 +122,7 @@ impl Listener {
         if shared.config.group_protocol == GroupProtocol::Consumer {
             // Refused here, with what to do, rather than by every member.
             let source_group = shared.config.groups.of(retry_core::Stage::SOURCE).expect("the source has a group");
-            GroupClient::new(shared.config.group_connection(), source_group).check_consumer_protocol().await?;
+            check_consumer_protocol(&shared.config.group_connection(), source_group).await?;
         }
         let mut members = 0;
         for retry_core::groups::ConsumedTopic { stage, topic, group: group_id } in consumed {

@@ -59,8 +59,9 @@ pub(crate) struct Partitions<H> {
     group_id: String,
     reconciler: Reconciler,
     running: BTreeMap<i32, Running>,
-    /// Which partition each worker task runs.
-    tasks: HashMap<Id, i32>,
+    /// Which partition each worker task runs, and the token cancelled when
+    /// it ends (a drain waits on it).
+    tasks: HashMap<Id, (i32, CancellationToken)>,
     workers: JoinSet<()>,
     /// The partitions whose committed offsets are being read, each under
     /// the ticket of its latest start.
@@ -122,6 +123,7 @@ impl<H: RecordHandler> Partitions<H> {
     pub(crate) async fn next(&mut self, committer: &Committer) -> Happened {
         tokio::select! {
             Some(stopped) = self.stopped_rx.recv() => {
+                committer.tracker.forget(&self.topic, &stopped);
                 let steps = self.reconciler.stopped(&stopped);
                 self.act(steps, committer, Duration::ZERO);
                 Happened::Released
@@ -141,10 +143,10 @@ impl<H: RecordHandler> Partitions<H> {
     /// their workers abandon what they hold at once, and nothing more is
     /// committed. Waits a moment for them to end; those that do not end
     /// detached.
-    pub(crate) async fn abandon_all(&mut self) {
+    pub(crate) async fn abandon_all(&mut self, committer: &Committer) {
         let lost = self.reconciler.lose_all();
         self.tickets.clear();
-        for p in lost {
+        for &p in &lost {
             if let Some(running) = self.running.remove(&p) {
                 self.shared.metrics.count(|s| &s.partitions_stopped);
                 running.signals.stop.cancel();
@@ -157,7 +159,11 @@ impl<H: RecordHandler> Partitions<H> {
             let stuck = std::mem::take(&mut self.workers);
             self.detach(stuck);
         }
-        self.tasks.clear();
+        for (_, (_, ended)) in self.tasks.drain() {
+            ended.cancel();
+        }
+        // After the workers ended: what they reported on the way out goes too.
+        committer.tracker.forget(&self.topic, &lost);
     }
 
     /// Carries `steps` out: drains the partitions to give up in a task of
@@ -174,6 +180,8 @@ impl<H: RecordHandler> Partitions<H> {
                 }
             }
             let drain = Drain {
+                shared: self.shared.clone(),
+                topic: self.topic.clone(),
                 group_id: self.group_id.clone(),
                 partitions: steps.stop,
                 workers: draining,
@@ -244,8 +252,9 @@ impl<H: RecordHandler> Partitions<H> {
             };
             let task = self.workers.spawn(worker.run(committed)).id();
             self.shared.metrics.count(|s| &s.partitions_started);
-            self.tasks.insert(task, p);
-            self.running.insert(p, Running { task, signals, ended: CancellationToken::new() });
+            let ended = CancellationToken::new();
+            self.tasks.insert(task, (p, ended.clone()));
+            self.running.insert(p, Running { task, signals, ended });
         }
     }
 
@@ -265,13 +274,14 @@ impl<H: RecordHandler> Partitions<H> {
                 (id, why)
             }
         };
-        let Some(p) = self.tasks.remove(&id) else { return };
+        let Some((p, ended)) = self.tasks.remove(&id) else { return };
+        ended.cancel();
         let current = self.running.get(&p).is_some_and(|r| r.task == id);
         if !current {
+            // A worker told to stop: its drain learns of it by the token.
             return;
         }
         let running = self.running.remove(&p).expect("checked above");
-        running.ended.cancel();
         if running.signals.stop.is_cancelled() || !self.reconciler.runs(p) {
             return;
         }
@@ -309,7 +319,9 @@ impl<H: RecordHandler> Partitions<H> {
 /// Gives up partitions: stops their workers, lets records in flight
 /// finish within the grace (abandoning what outlives it), commits what
 /// they finished, and reports them stopped.
-struct Drain {
+struct Drain<H> {
+    shared: Arc<Shared<H>>,
+    topic: String,
     group_id: String,
     partitions: Vec<i32>,
     workers: Vec<(StopSignals, CancellationToken)>,
@@ -318,7 +330,7 @@ struct Drain {
     stopped: mpsc::UnboundedSender<Vec<i32>>,
 }
 
-impl Drain {
+impl<H: RecordHandler> Drain<H> {
     async fn run(self) {
         for (signals, _) in &self.workers {
             signals.stop.cancel();
@@ -335,8 +347,25 @@ impl Drain {
             }
             // A worker that outlives this is held by a call that blocks its
             // thread; the partition is released anyway (what it finished
-            // is committed below, what it holds is redelivered).
-            let _ = tokio::time::timeout(DETACH_WAIT, all_ended()).await;
+            // is committed below, what it holds is redelivered), and the
+            // worker ends detached: counted, the listener not ready until then.
+            if tokio::time::timeout(DETACH_WAIT, all_ended()).await.is_err() {
+                let stuck: Vec<CancellationToken> =
+                    self.workers.iter().map(|(_, ended)| ended.clone()).filter(|e| !e.is_cancelled()).collect();
+                tracing::error!(group = %self.group_id, workers = stuck.len(), waited = ?DETACH_WAIT, "partition workers do not end after abandoning their records: a handler call blocks its thread; they end detached, and the listener is not ready until they do");
+                let impaired = Impaired::new(&self.shared);
+                let (metrics, topic) = (self.shared.metrics.clone(), self.topic.clone());
+                for _ in &stuck {
+                    metrics.detached_call(&topic, true);
+                }
+                tokio::spawn(async move {
+                    for ended in stuck {
+                        ended.cancelled().await;
+                        metrics.detached_call(&topic, false);
+                    }
+                    drop(impaired);
+                });
+            }
         }
         if !self.flusher.flush().await {
             tracing::warn!(group = %self.group_id, partitions = ?self.partitions, "the last commit of partitions given up failed: their next owner redelivers what they finished since the last commit");

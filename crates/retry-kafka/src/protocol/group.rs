@@ -17,8 +17,9 @@ use kafka_protocol::{
         offset_commit_request::{OffsetCommitRequestPartition, OffsetCommitRequestTopic},
         offset_fetch_request::OffsetFetchRequestTopic,
         sync_group_request::SyncGroupRequestAssignment,
-        ConsumerGroupHeartbeatRequest, FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest,
-        LeaveGroupRequest, OffsetCommitRequest, OffsetFetchRequest, SyncGroupRequest, TopicName,
+        ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest, DescribeGroupsRequest, FindCoordinatorRequest,
+        GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, OffsetCommitRequest, OffsetFetchRequest,
+        SyncGroupRequest, TopicName,
     },
     ResponseError,
 };
@@ -530,16 +531,33 @@ impl GroupClient {
         })
     }
 
-    /// Whether the coordinator speaks the consumer group protocol (KIP-848):
-    /// `Ok(())`, or why not, said as what to do.
-    pub(crate) async fn check_consumer_protocol(&mut self) -> Result<()> {
-        let conn = self.coordinator().await?;
-        let addr = conn.addr().to_owned();
-        match conn.version_of::<ConsumerGroupHeartbeatRequest>() {
-            Ok(_) => Ok(()),
-            Err(Error::UnsupportedVersion { .. }) => Err(unsupported_consumer_protocol(&addr, &self.group_id)),
-            Err(e) => Err(e),
+    /// The group's state as its coordinator names it (`Stable`,
+    /// `PreparingRebalance`, `Reconciling`, `Empty`...) and how many members
+    /// it has: ConsumerGroupDescribe for a group of the consumer group
+    /// protocol, DescribeGroups for a classic one.
+    pub(crate) async fn describe(&mut self) -> Result<(String, usize)> {
+        let supported = self.coordinator().await?.version_of::<ConsumerGroupDescribeRequest>().is_ok();
+        if supported {
+            let request =
+                ConsumerGroupDescribeRequest::default().with_group_ids(vec![GroupId(str_bytes(&self.group_id))]);
+            let result = async { self.coordinator().await?.send(&request).await }.await;
+            let (response, _) = self.observe(result)?;
+            if let Some(group) = response.groups.first().filter(|g| g.error_code == 0) {
+                return Ok((group.group_state.to_string(), group.members.len()));
+            }
         }
+        // A classic group (or a coordinator without the consumer group protocol).
+        let request = DescribeGroupsRequest::default().with_groups(vec![GroupId(str_bytes(&self.group_id))]);
+        let result = async { self.coordinator().await?.send(&request).await }.await;
+        let (response, _) = self.observe(result)?;
+        let context = self.group_context();
+        let group = response.groups.first().ok_or_else(|| Error::Protocol {
+            addr: String::new(),
+            api: "DescribeGroups",
+            reason: format!("no answer for {context}"),
+        })?;
+        check("DescribeGroups", || context, group.error_code)?;
+        Ok((group.group_state.to_string(), group.members.len()))
     }
 
     /// Leaves the group, so its partitions move at once instead of after
@@ -669,12 +687,33 @@ impl GroupClient {
     }
 }
 
+/// Whether the cluster speaks the consumer group protocol (KIP-848), as
+/// the first bootstrap broker that answers says (the coordinator may not
+/// be ready yet while the cluster starts): `Ok(())`, or why not, said as
+/// what to do.
+pub(crate) async fn check_consumer_protocol(config: &ConnectionConfig, group_id: &str) -> Result<()> {
+    let mut last_error = None;
+    for addr in &config.bootstrap {
+        match Connection::connect(addr, config).await {
+            Ok(conn) => {
+                return match conn.version_of::<ConsumerGroupHeartbeatRequest>() {
+                    Ok(_) => Ok(()),
+                    Err(Error::UnsupportedVersion { .. }) => Err(unsupported_consumer_protocol(addr, group_id)),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.expect("bootstrap brokers are never empty"))
+}
+
 /// The error for a broker without the consumer group protocol.
 pub(crate) fn unsupported_consumer_protocol(addr: &str, group_id: &str) -> Error {
     Error::setting(
         "ListenerConfig::group_protocol",
         format!(
-            "the coordinator of group {group_id} ({addr}) does not speak the consumer group protocol (KIP-848: \
+            "the broker at {addr} (for group {group_id}) does not speak the consumer group protocol (KIP-848: \
              ConsumerGroupHeartbeat, Apache Kafka 4.0 or later): use the classic protocol (KAFKA_GROUP_PROTOCOL=classic \
              for billing-bin)"
         ),

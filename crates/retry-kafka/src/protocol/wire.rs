@@ -63,6 +63,9 @@ pub(crate) fn highest_implemented(key: ApiKey) -> i16 {
         ApiKey::OffsetCommit => 9,
         // v1: the member names itself (a UUID of its own) when it joins.
         ApiKey::ConsumerGroupHeartbeat => 1,
+        ApiKey::ConsumerGroupDescribe => 0,
+        // The last non-flexible version.
+        ApiKey::DescribeGroups => 4,
         ApiKey::OffsetFetch => 7,
         ApiKey::CreateTopics => 7,
         // The last non-flexible version: it has leaders and broker
@@ -106,6 +109,8 @@ fn api_key_name(key: ApiKey) -> &'static str {
         ApiKey::OffsetCommit => "OffsetCommit",
         ApiKey::OffsetFetch => "OffsetFetch",
         ApiKey::ConsumerGroupHeartbeat => "ConsumerGroupHeartbeat",
+        ApiKey::ConsumerGroupDescribe => "ConsumerGroupDescribe",
+        ApiKey::DescribeGroups => "DescribeGroups",
         ApiKey::CreateTopics => "CreateTopics",
         ApiKey::Metadata => "Metadata",
         ApiKey::DescribeConfigs => "DescribeConfigs",
