@@ -531,7 +531,7 @@ async fn the_consumer_group_protocol_is_refused_where_the_broker_lacks_it() {
     let env =
         [("BILLING_PROVIDER_URL", url.as_str()), ("ADMIN_LISTEN", "127.0.0.1:0"), ("KAFKA_GROUP_PROTOCOL", "consumer")];
     let (code, _, stderr) = setup.run(&["run"], &env).await;
-    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(code, 2, "an invalid configuration: {stderr}");
     assert!(stderr.contains("does not speak the consumer group protocol"), "{stderr}");
     assert!(stderr.contains("KAFKA_GROUP_PROTOCOL=classic"), "{stderr}");
 }

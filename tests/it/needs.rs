@@ -40,7 +40,7 @@ pub(crate) enum Need {
     ConsumerProtocol,
     /// Listeners on the classic group protocol (JoinGroup rounds).
     ClassicProtocol,
-    /// A broker without the consumer group protocol.
+    /// A broker without the consumer group protocol (tansu).
     NoConsumerProtocol,
     /// A group whose leader left during a rebalance electing another.
     LeaderReelection,
@@ -57,11 +57,11 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("billing::a_kill_mid_stream_charges_every_event_exactly_once", &[Need::LongRun]),
     (
         "billing::a_rolling_restart_of_three_instances_charges_every_order_once",
-        &[Need::CommitsDuringRebalances, Need::LongRun],
+        &[Need::CommitsDuringRebalances, Need::LeaderReelection, Need::LongRun],
     ),
     (
         "billing::a_rolling_restart_of_three_cooperative_instances_charges_every_order_once",
-        &[Need::CommitsDuringRebalances, Need::LongRun],
+        &[Need::CommitsDuringRebalances, Need::LeaderReelection, Need::LongRun],
     ),
     ("billing::an_engaged_brake_is_taken_up_by_the_next_owner_of_what_it_held", &[Need::CommitMetadata]),
     ("billing::an_outage_of_the_provider_fills_no_dead_letter_topic_with_the_brake", &[Need::OncePerRun]),

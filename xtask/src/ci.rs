@@ -158,10 +158,14 @@ fn lacks(pass: Pass, need: Need) -> Option<&'static str> {
             pass.protocol == GroupProtocol::Consumer,
             "it is about the classic protocol's JoinGroup rounds, which the consumer group protocol has none of",
         ),
-        Need::NoConsumerProtocol => lacking(kafka, "Apache Kafka 4 speaks the consumer group protocol (it runs on tansu and the mock)"),
+        Need::NoConsumerProtocol => lacking(
+            !tansu,
+            "Apache Kafka 4 speaks the consumer group protocol, and the mock cluster advertises it (it runs on tansu)",
+        ),
         Need::ConsumerProtocol => lacking(
             !kafka,
-            "neither tansu 0.6.0 nor the mock cluster speaks the consumer group protocol (KIP-848): it runs on Apache Kafka",
+            "tansu 0.6.0 lacks the consumer group protocol (KIP-848), and the mock cluster aborts on a heartbeat that \
+             subscribes by name without a regex, as Kafka's own clients do: it runs on Apache Kafka",
         ),
         Need::MockFaults => lacking(!mock, "it needs the mock cluster's fault injection (it runs on the mock)"),
         Need::Sasl => lacking(!kind.sasl(), "the broker does not require SASL"),
