@@ -27,7 +27,7 @@ use crate::{
     consumer::{
         commit::{committed_offsets, CommitSettings, Committer, Progress},
         position,
-        shared::{Impaired, Shared},
+        shared::{detach_workers, Impaired, Shared},
         worker::{StopSignals, Worker},
     },
     protocol::{assignor, group::GroupClient},
@@ -569,21 +569,7 @@ impl<H: RecordHandler> Member<H> {
         if tokio::time::timeout(DETACH_WAIT, all).await.is_ok() {
             return;
         }
-        let mut stuck = std::mem::take(workers);
-        tracing::error!(group = %self.group_id, workers = stuck.len(), waited = ?DETACH_WAIT, "partition workers do not end after abandoning their records: a handler call blocks its thread; they end detached, and the listener is not ready until they do");
-        let impaired = Impaired::new(&self.shared);
-        let metrics = self.shared.metrics.clone();
-        let topic = self.topic.clone();
-        for _ in 0..stuck.len() {
-            metrics.detached_call(&topic, true);
-        }
-        tokio::spawn(async move {
-            while stuck.join_next().await.is_some() {
-                metrics.detached_call(&topic, false);
-            }
-            drop(impaired);
-            tracing::info!(%topic, "detached partition workers ended at last");
-        });
+        detach_workers(&self.shared, &self.group_id, &self.topic, std::mem::take(workers));
     }
 
     async fn heartbeat(&self, client: &mut GroupClient, generation: &Generation) -> End {

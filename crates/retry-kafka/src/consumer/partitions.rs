@@ -23,7 +23,7 @@ use crate::{
     consumer::{
         commit::{Committer, Flusher},
         reconcile::{Reconciler, Steps},
-        shared::{Impaired, Shared},
+        shared::{detach_workers, Impaired, Shared},
         worker::{panic_message, StopSignals, Worker},
     },
     session::DETACH_WAIT,
@@ -157,7 +157,7 @@ impl<H: RecordHandler> Partitions<H> {
         let all = async { while workers.join_next().await.is_some() {} };
         if tokio::time::timeout(DETACH_WAIT, all).await.is_err() {
             let stuck = std::mem::take(&mut self.workers);
-            self.detach(stuck);
+            detach_workers(&self.shared, &self.group_id, &self.topic, stuck);
         }
         for (_, (_, ended)) in self.tasks.drain() {
             ended.cancel();
@@ -295,24 +295,6 @@ impl<H: RecordHandler> Partitions<H> {
         });
         // Committed first, so the restart resumes after what it finished.
         self.read_committed(vec![p], Some(committer.flusher()));
-    }
-
-    /// Leaves workers that do not end after abandoning their records to
-    /// end detached: counted, and the listener not ready until they do.
-    fn detach(&self, mut stuck: JoinSet<()>) {
-        tracing::error!(group = %self.group_id, workers = stuck.len(), waited = ?DETACH_WAIT, "partition workers do not end after abandoning their records: a handler call blocks its thread; they end detached, and the listener is not ready until they do");
-        let impaired = Impaired::new(&self.shared);
-        let metrics = self.shared.metrics.clone();
-        let topic = self.topic.clone();
-        for _ in 0..stuck.len() {
-            metrics.detached_call(&topic, true);
-        }
-        tokio::spawn(async move {
-            while stuck.join_next().await.is_some() {
-                metrics.detached_call(&topic, false);
-            }
-            drop(impaired);
-        });
     }
 }
 

@@ -42,3 +42,24 @@ impl Drop for Impaired {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+/// Leaves partition workers that do not end after abandoning their
+/// records (a handler call blocks its thread) to end detached: logged,
+/// counted in `kafka_retry_detached_handler_calls`, and the listener not
+/// ready until they end.
+pub(crate) fn detach_workers<H>(shared: &Shared<H>, group_id: &str, topic: &str, mut stuck: tokio::task::JoinSet<()>) {
+    tracing::error!(group = %group_id, workers = stuck.len(), waited = ?crate::session::DETACH_WAIT, "partition workers do not end after abandoning their records: a handler call blocks its thread; they end detached, and the listener is not ready until they do");
+    let impaired = Impaired::new(shared);
+    let metrics = shared.metrics.clone();
+    let topic = topic.to_owned();
+    for _ in 0..stuck.len() {
+        metrics.detached_call(&topic, true);
+    }
+    tokio::spawn(async move {
+        while stuck.join_next().await.is_some() {
+            metrics.detached_call(&topic, false);
+        }
+        drop(impaired);
+        tracing::info!(%topic, "detached partition workers ended at last");
+    });
+}

@@ -195,6 +195,26 @@ fn encode_versioned<M: Encodable>(message: &M, version: i16) -> Bytes {
     buf.freeze()
 }
 
+/// Calls `assign` for each topic with partitions and members subscribed
+/// to it (`members`, sorted by id), on a result where every member starts
+/// with nothing; returns that result.
+fn each_topic(
+    subscriptions: &BTreeMap<String, Subscription>,
+    partition_counts: &BTreeMap<String, i32>,
+    mut assign: impl FnMut(&String, i32, Vec<&String>, &mut BTreeMap<String, Assignment>),
+) -> BTreeMap<String, Assignment> {
+    let mut result: BTreeMap<String, Assignment> =
+        subscriptions.keys().map(|member| (member.clone(), Assignment::new())).collect();
+    for (topic, &count) in partition_counts {
+        let members: Vec<&String> =
+            subscriptions.iter().filter(|(_, s)| s.topics.contains(topic)).map(|(member, _)| member).collect();
+        if !members.is_empty() && count > 0 {
+            assign(topic, count, members, &mut result);
+        }
+    }
+    result
+}
+
 /// Kafka's range assignor: for each topic, the members subscribed to it,
 /// sorted by member id, get contiguous ranges of partitions; the first
 /// `partitions % members` get one extra. Topics with no known partition
@@ -203,14 +223,7 @@ pub(crate) fn assign_range(
     subscriptions: &BTreeMap<String, Subscription>,
     partition_counts: &BTreeMap<String, i32>,
 ) -> BTreeMap<String, Assignment> {
-    let mut result: BTreeMap<String, Assignment> =
-        subscriptions.keys().map(|member| (member.clone(), Assignment::new())).collect();
-    for (topic, &count) in partition_counts {
-        let members: Vec<&String> =
-            subscriptions.iter().filter(|(_, s)| s.topics.contains(topic)).map(|(member, _)| member).collect();
-        if members.is_empty() || count <= 0 {
-            continue;
-        }
+    each_topic(subscriptions, partition_counts, |topic, count, members, result| {
         let m = members.len() as i32;
         let (per_member, with_extra) = (count / m, count % m);
         for (i, member) in members.into_iter().enumerate() {
@@ -224,8 +237,7 @@ pub(crate) fn assign_range(
                     .insert(topic.clone(), (start..start + len).collect());
             }
         }
-    }
-    result
+    })
 }
 
 /// Kafka's cooperative-sticky assignor (KIP-429), for one round: each
@@ -243,14 +255,7 @@ pub(crate) fn assign_cooperative_sticky(
     subscriptions: &BTreeMap<String, Subscription>,
     partition_counts: &BTreeMap<String, i32>,
 ) -> BTreeMap<String, Assignment> {
-    let mut result: BTreeMap<String, Assignment> =
-        subscriptions.keys().map(|member| (member.clone(), Assignment::new())).collect();
-    for (topic, &count) in partition_counts {
-        let members: Vec<&String> =
-            subscriptions.iter().filter(|(_, s)| s.topics.contains(topic)).map(|(member, _)| member).collect();
-        if members.is_empty() || count <= 0 {
-            continue;
-        }
+    each_topic(subscriptions, partition_counts, |topic, count, members, result| {
         // Who owns each partition now, among the subscribed members.
         let mut owner: BTreeMap<i32, (&String, i32)> = BTreeMap::new();
         for member in &members {
@@ -318,8 +323,7 @@ pub(crate) fn assign_cooperative_sticky(
                 result.get_mut(member).expect("every member has an entry").insert(topic.clone(), partitions);
             }
         }
-    }
-    result
+    })
 }
 
 #[cfg(test)]
