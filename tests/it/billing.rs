@@ -458,6 +458,10 @@ async fn a_rolling_restart_of_three_cooperative_instances_charges_every_order_on
 }
 
 async fn rolling_restart(env: &[(&str, &str)]) {
+    // Shorter sessions (heartbeats every 2 s), so that each classic
+    // rebalance of the restarts is learnt of soon.
+    let env = [env, &[("KAFKA_SESSION_TIMEOUT", "6s")]].concat();
+    let env = env.as_slice();
     let mut setup = Setup::new("billing-rolling");
     setup.partitions = 6;
     setup.create_topics().await;

@@ -154,6 +154,10 @@ fn lacks(pass: Pass, need: Need) -> Option<&'static str> {
     let lacking = |lacks: bool, why: &'static str| lacks.then_some(why);
     match need {
         Need::ApacheKafka => lacking(!kafka, "it needs Apache Kafka (it runs on it)"),
+        Need::OwnProtocol => lacking(
+            pass.protocol == GroupProtocol::Consumer,
+            "it chooses its group protocol itself, and ran in the classic pass",
+        ),
         Need::ClassicProtocol => lacking(
             pass.protocol == GroupProtocol::Consumer,
             "it is about the classic protocol's JoinGroup rounds, which the consumer group protocol has none of",

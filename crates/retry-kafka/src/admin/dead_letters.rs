@@ -449,7 +449,7 @@ impl DeadLetterAdmin {
                 crate::protocol::produce::DEFAULT_MAX_REQUEST_BYTES,
                 Default::default(),
             )),
-            operators: Mutex::new(GroupClient::new(connection.clone(), groups.operators())),
+            operators: Mutex::new(GroupClient::new(connection.clone(), groups.operators()).for_tools()),
             pause: PauseRecord::new(connection.clone(), groups, policy.topology()),
             lag: LagReader::new(cluster.clone(), connection.clone(), policy.topology(), groups),
             lock_group: groups.replay_lock().to_owned(),

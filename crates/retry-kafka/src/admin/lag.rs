@@ -97,8 +97,9 @@ impl LagReader {
             let tps: Vec<TopicPartition> = partitions.iter().map(|p| TopicPartition::new(topic.clone(), *p)).collect();
             let committed = {
                 let mut groups = self.groups.lock().await;
-                let client =
-                    groups.entry(group.clone()).or_insert_with(|| GroupClient::new(self.connection.clone(), group));
+                let client = groups
+                    .entry(group.clone())
+                    .or_insert_with(|| GroupClient::new(self.connection.clone(), group).for_tools());
                 client.committed(&tps).await?
             };
             let mut lags = Vec::new();

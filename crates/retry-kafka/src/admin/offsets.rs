@@ -30,7 +30,7 @@ pub struct GroupOffsets {
 impl GroupOffsets {
     /// A client for `group_id`'s offsets.
     pub fn new(config: ConnectionConfig, group_id: &str) -> Self {
-        GroupOffsets { client: GroupClient::new(config, group_id) }
+        GroupOffsets { client: GroupClient::new(config, group_id).for_tools() }
     }
 
     /// The committed offsets (the next offset to read) of `partitions`;

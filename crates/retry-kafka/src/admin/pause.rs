@@ -23,7 +23,7 @@ pub(crate) struct PauseRecord {
 impl PauseRecord {
     pub(crate) fn new(connection: ConnectionConfig, groups: &LadderGroups, topology: &RetryTopology) -> Self {
         PauseRecord {
-            client: Mutex::new(GroupClient::new(connection, groups.pause())),
+            client: Mutex::new(GroupClient::new(connection, groups.pause()).for_tools()),
             at: TopicPartition::new(topology.source_topic().as_str(), 0),
         }
     }

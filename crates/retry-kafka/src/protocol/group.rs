@@ -27,7 +27,7 @@ use kafka_protocol::{
 use crate::{
     protocol::assignor::{self, Assignment},
     protocol::wire::{check, str_bytes, Connection},
-    ConnectionConfig, Error, GroupProtocol, Result, TopicPartition,
+    BrokerError, ConnectionConfig, Error, GroupProtocol, Result, TopicPartition,
 };
 
 /// A topic's id, as the consumer group protocol names topics in assignments.
@@ -112,6 +112,9 @@ pub(crate) struct GroupClient {
     instance_id: Option<String>,
     /// Which protocol the members committing through this client speak.
     protocol: GroupProtocol,
+    /// Whether an offset read or commit asks again, twice at most, when the
+    /// coordinator moved: tools do; members retry in their own way.
+    asks_again: bool,
     coordinator: Option<Connection>,
 }
 
@@ -122,8 +125,17 @@ impl GroupClient {
             group_id: group_id.to_owned(),
             instance_id: None,
             protocol: GroupProtocol::Classic,
+            asks_again: false,
             coordinator: None,
         }
+    }
+
+    /// The same, for a tool outside the group (operators' reads and
+    /// acknowledgements, the pause, lag): an offset read or commit that
+    /// meets a coordinator that moved finds it again and asks again.
+    pub(crate) fn for_tools(mut self) -> Self {
+        self.asks_again = true;
+        self
     }
 
     /// The same, for a member of `protocol`: its commits carry a member
@@ -591,8 +603,26 @@ impl GroupClient {
         self.commit_with_metadata(generation_id, member_id, &offsets).await
     }
 
-    /// [`commit`](Self::commit), with a metadata string per partition.
+    /// [`commit`](Self::commit), with a metadata string per partition. For
+    /// a tool, a coordinator that moved is found again and asked again,
+    /// twice at most (the same offsets: committing them twice is harmless).
     pub(crate) async fn commit_with_metadata(
+        &mut self,
+        generation_id: i32,
+        member_id: &str,
+        offsets: &BTreeMap<TopicPartition, (i64, Option<String>)>,
+    ) -> Result<()> {
+        let asks_again = self.asks_again;
+        for pause in COORDINATOR_MOVED_PAUSES.into_iter().filter(|_| asks_again) {
+            match self.commit_once(generation_id, member_id, offsets).await {
+                Err(e) if coordinator_moved(&e) => tokio::time::sleep(pause).await,
+                other => return other,
+            }
+        }
+        self.commit_once(generation_id, member_id, offsets).await
+    }
+
+    async fn commit_once(
         &mut self,
         generation_id: i32,
         member_id: &str,
@@ -647,8 +677,23 @@ impl GroupClient {
         Ok(committed.into_iter().map(|(tp, (offset, _))| (tp, offset)).collect())
     }
 
-    /// [`committed`](Self::committed), with each commit's metadata.
+    /// [`committed`](Self::committed), with each commit's metadata. For a
+    /// tool, a coordinator that moved is found again and asked again, twice at most.
     pub(crate) async fn committed_with_metadata(
+        &mut self,
+        partitions: &[TopicPartition],
+    ) -> Result<BTreeMap<TopicPartition, (Option<i64>, Option<String>)>> {
+        let asks_again = self.asks_again;
+        for pause in COORDINATOR_MOVED_PAUSES.into_iter().filter(|_| asks_again) {
+            match self.committed_once(partitions).await {
+                Err(e) if coordinator_moved(&e) => tokio::time::sleep(pause).await,
+                other => return other,
+            }
+        }
+        self.committed_once(partitions).await
+    }
+
+    async fn committed_once(
         &mut self,
         partitions: &[TopicPartition],
     ) -> Result<BTreeMap<TopicPartition, (Option<i64>, Option<String>)>> {
@@ -685,6 +730,23 @@ impl GroupClient {
         }
         Ok(out)
     }
+}
+
+/// The pauses before asking a coordinator that moved again: a leader
+/// election among the brokers (Kafka's preferred-leader check, every five
+/// minutes) moves coordinators while the group goes on.
+const COORDINATOR_MOVED_PAUSES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
+
+/// Whether `e` says the coordinator moved or is not ready yet.
+fn coordinator_moved(e: &Error) -> bool {
+    matches!(
+        e.broker_error(),
+        Some(
+            BrokerError::NOT_COORDINATOR
+                | BrokerError::COORDINATOR_NOT_AVAILABLE
+                | BrokerError::COORDINATOR_LOAD_IN_PROGRESS
+        )
+    )
 }
 
 /// Whether the cluster speaks the consumer group protocol (KIP-848), as
