@@ -414,8 +414,16 @@ async fn bad_events_and_refusals_land_in_the_dead_letter_topic_with_their_reason
 async fn a_kill_mid_stream_charges_every_event_exactly_once() {
     let setup = Setup::new("billing-kill");
     setup.create_topics().await;
-    // Slow-ish answers keep records in flight when the kill comes.
-    let faults = Faults { transient_pct: 20, transient_max_failures: 1, seed: 7, ..Faults::default() };
+    // Answers of 50 ms, one order at a time per partition: the 60 orders
+    // take about 1.5 s, so the kill comes mid-stream however soon the
+    // group settles (the consumer protocol's is quick).
+    let faults = Faults {
+        transient_pct: 20,
+        transient_max_failures: 1,
+        seed: 7,
+        latency: Duration::from_millis(50),
+        ..Faults::default()
+    };
     let provider = FakeProvider::start(faults).await;
     let mut orders = Vec::new();
     for i in 0..60 {
@@ -423,7 +431,7 @@ async fn a_kill_mid_stream_charges_every_event_exactly_once() {
         produce(&setup.topic, i % 2, &order.to_string(), &json, &[]).await;
         orders.push(order.to_string());
     }
-    let service = setup.start(&provider).await;
+    let service = setup.start_with(&provider, &[("BILLING_MAX_IN_FLIGHT", "1")]).await;
     eventually("some charges", SETTLE, || async { (provider.ledger().len() >= 15).then_some(()) }).await;
     service.kill().await;
     let before_restart = provider.ledger().len();
