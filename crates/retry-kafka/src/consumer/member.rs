@@ -439,14 +439,7 @@ impl<H: RecordHandler> Member<H> {
                             if let Some(start) = start {
                                 committer.tracker.done(&tp, start);
                             }
-                            let worker = Worker {
-                                shared: self.shared.clone(),
-                                stage: self.stage,
-                                metrics: self.shared.metrics.for_topic(&tp.topic),
-                                tp,
-                                tracker: committer.tracker.clone(),
-                                signals: signals.clone(),
-                            };
+                            let worker = Worker::new(&self.shared, self.stage, tp, &committer.tracker, &signals);
                             workers.spawn(worker.run(start));
                             self.shared.metrics.count(|s| &s.partitions_started);
                         }

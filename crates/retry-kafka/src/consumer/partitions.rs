@@ -242,14 +242,7 @@ impl<H: RecordHandler> Partitions<H> {
                 committer.tracker.done(&tp, start);
             }
             let signals = StopSignals { stop: CancellationToken::new(), abandon: CancellationToken::new() };
-            let worker = Worker {
-                shared: self.shared.clone(),
-                stage: self.stage,
-                metrics: self.shared.metrics.for_topic(&tp.topic),
-                tp,
-                tracker: committer.tracker.clone(),
-                signals: signals.clone(),
-            };
+            let worker = Worker::new(&self.shared, self.stage, tp, &committer.tracker, &signals);
             let task = self.workers.spawn(worker.run(committed)).id();
             self.shared.metrics.count(|s| &s.partitions_started);
             let ended = CancellationToken::new();

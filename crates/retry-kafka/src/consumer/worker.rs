@@ -53,6 +53,20 @@ pub(crate) struct Worker<H> {
     pub(crate) metrics: TopicMetrics,
 }
 
+impl<H> Worker<H> {
+    /// A worker of `tp` for `stage`, reporting to `tracker`.
+    pub(crate) fn new(
+        shared: &Arc<Shared<H>>,
+        stage: Stage,
+        tp: TopicPartition,
+        tracker: &Arc<CommitTracker>,
+        signals: &StopSignals,
+    ) -> Self {
+        let metrics = shared.metrics.for_topic(&tp.topic);
+        Worker { shared: shared.clone(), stage, tp, tracker: tracker.clone(), signals: signals.clone(), metrics }
+    }
+}
+
 /// Republications decided but not yet acknowledged.
 #[derive(Default)]
 struct Outbox {
