@@ -8,6 +8,9 @@
 //! - `longest_pause_ms`: the longest time any partition handled nothing
 //!   while it had records waiting (every partition receives a record every
 //!   few milliseconds, so any longer gap is a pause);
+//! - `departure_pause_ms` and `arrival_pause_ms`: the same, for the gaps
+//!   that began while an instance was shutting down, and the others (an
+//!   instance that started again takes partitions over);
 //! - `paused_partition_s`: the sum, over partitions, of such gaps longer
 //!   than [`PAUSE`];
 //! - `redeliveries`: calls for records already handled.
@@ -37,6 +40,9 @@ use rskafka::{
 const PAUSE: Duration = Duration::from_millis(250);
 const PRODUCE_EVERY: Duration = Duration::from_millis(20);
 const CALL: Duration = Duration::from_millis(2);
+/// How long before a shutdown began a gap that it caused may begin: a
+/// partition's last record before it was handled within a production tick.
+const DEPARTURE_SLACK: Duration = Duration::from_millis(100);
 /// How long every instance runs before the next restart.
 const SETTLE: Duration = Duration::from_secs(4);
 
@@ -135,9 +141,12 @@ pub(crate) async fn rebalance(topic: &str, partitions: i32, records: usize, mode
     };
     tokio::time::sleep(SETTLE).await;
     let restarts_began = Instant::now();
+    let mut departures = Vec::new();
     for _ in 0..3 {
         let (i, oldest) = instances.remove(0);
+        let began = Instant::now();
         oldest.shutdown().await;
+        departures.push((began, Instant::now()));
         instances.push((i, start(i).await));
         tokio::time::sleep(SETTLE).await;
     }
@@ -163,7 +172,11 @@ pub(crate) async fn rebalance(topic: &str, partitions: i32, records: usize, mode
     for (p, _, at) in &handled {
         by_partition.entry(*p).or_default().push(*at);
     }
+    // A departing instance's last records were handled a moment before
+    // its shutdown began.
+    let departing = |at: Instant| departures.iter().any(|(began, done)| at + DEPARTURE_SLACK >= *began && at <= *done);
     let (mut longest, mut paused) = (Duration::ZERO, Duration::ZERO);
+    let (mut departure, mut arrival) = (Duration::ZERO, Duration::ZERO);
     for times in by_partition.values_mut() {
         times.sort();
         for pair in times.windows(2) {
@@ -173,14 +186,18 @@ pub(crate) async fn rebalance(topic: &str, partitions: i32, records: usize, mode
             }
             let gap = pair[1] - pair[0];
             longest = longest.max(gap);
+            let phase = if departing(pair[0]) { &mut departure } else { &mut arrival };
+            *phase = (*phase).max(gap);
             if gap > PAUSE {
                 paused += gap;
             }
         }
     }
     format!(
-        "longest_pause_ms={} paused_partition_s={:.2} redeliveries={} handled={} restarts_s={:.1}",
+        "longest_pause_ms={} departure_pause_ms={} arrival_pause_ms={} paused_partition_s={:.2} redeliveries={} handled={} restarts_s={:.1}",
         longest.as_millis(),
+        departure.as_millis(),
+        arrival.as_millis(),
         paused.as_secs_f64(),
         handled.len() - unique,
         unique,

@@ -212,13 +212,21 @@ fn rebalance(binary: &std::path::Path, orders: usize, partitions: i32) -> anyhow
     stopped?;
     println!();
     println!(
-        "{:<44} {:>18} {:>20} {:>13} {:>11}",
-        "rolling restart of 3 instances", "longest pause (s)", "paused partition-s", "redeliveries", "RSS (MiB)"
+        "{:<44} {:>18} {:>12} {:>10} {:>20} {:>13} {:>11}",
+        "rolling restart of 3 instances",
+        "longest pause (s)",
+        "departures",
+        "arrivals",
+        "paused partition-s",
+        "redeliveries",
+        "RSS (MiB)"
     );
     for (name, f) in &rows {
         println!(
-            "{name:<44} {:>18.2} {:>20.1} {:>13} {:>11.1}",
+            "{name:<44} {:>18.2} {:>12.2} {:>10.2} {:>20.1} {:>13} {:>11.1}",
             f.get("longest_pause_ms")? / 1000.0,
+            f.get("departure_pause_ms")? / 1000.0,
+            f.get("arrival_pause_ms")? / 1000.0,
             f.get("paused_partition_s")?,
             f.get("redeliveries")?,
             f.get("peak_rss_kib")? / 1024.0
@@ -228,7 +236,10 @@ fn rebalance(binary: &std::path::Path, orders: usize, partitions: i32) -> anyhow
     println!("{orders} orders arrive at a steady pace over {partitions} partitions while each instance in turn stops");
     println!("and starts again; a pause is a partition handling nothing for longer than 250 ms (records arrive on");
     println!("every partition every 20 ms). Classic members heartbeat every 500 ms, as the broker asks of consumer");
-    println!("group members here (group.consumer.heartbeat.interval.ms); sessions are 6 s.");
+    println!("group members here (group.consumer.heartbeat.interval.ms); sessions are 6 s. Departures are the pauses");
+    println!(
+        "that began while an instance shut down, arrivals the others (a restarted instance takes partitions over)."
+    );
     Ok(())
 }
 

@@ -5,7 +5,8 @@
 //! drain and commit while every other partition goes on), reports them
 //! released, and starts those it is given. No rebalance stops the group.
 //!
-//! Heartbeats run here at the coordinator's interval, apart from records;
+//! Heartbeats run here at the coordinator's interval, quicker while the
+//! group settles (see [`beat_pace`](super::beat_pace)), apart from records;
 //! drains and the reading of committed offsets run in tasks of their own,
 //! so heartbeats go on through them. A member fenced by the coordinator
 //! (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID), or that reached no coordinator
@@ -24,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     backoff::pauses,
     consumer::{
+        beat_pace::{Pace, Seen},
         commit::{CommitSettings, Committer, Progress},
         member::fenced,
         partitions::{Happened, Partitions},
@@ -159,7 +161,7 @@ impl<H: RecordHandler> ConsumerMember<H> {
         let revocation_grace = config.timings().revocation_grace();
         let mut epoch = 0;
         let mut full = true;
-        let mut interval = config.heartbeat_interval;
+        let mut pace = Pace::new(config.heartbeat_interval);
         let mut next_beat = Instant::now();
         let mut last_ok = Instant::now();
         let mut backoff = pauses(INITIAL_BACKOFF, MAX_BACKOFF);
@@ -178,7 +180,7 @@ impl<H: RecordHandler> ConsumerMember<H> {
                 happened = partitions.next(&committer) => {
                     if happened == Happened::Released {
                         // The coordinator learns at once that they are released.
-                        next_beat = Instant::now();
+                        next_beat = pace.next(Seen::Released, Instant::now());
                     }
                     continue;
                 }
@@ -207,20 +209,18 @@ impl<H: RecordHandler> ConsumerMember<H> {
                     last_ok = Instant::now();
                     backoff.reset();
                     full = false;
-                    if epoch == 0 {
+                    let joined = epoch == 0;
+                    if joined {
                         tracing::info!(group = %self.group_id, member = member_id, epoch = answer.member_epoch, "joined the group (consumer group protocol)");
                         *rejoining = None;
                     }
                     epoch = answer.member_epoch;
                     committer.set_generation(epoch);
-                    if !answer.heartbeat_interval.is_zero() {
-                        interval = answer.heartbeat_interval;
-                    }
-                    next_beat = Instant::now() + interval;
-                    if leaving {
-                        continue;
-                    }
-                    if let Some(target) = self.take_assignment(&mut topic_id, &answer, epoch) {
+                    pace.set_interval(answer.heartbeat_interval);
+                    let target = if leaving { None } else { self.take_assignment(&mut topic_id, &answer, epoch) };
+                    let seen = if joined || target.is_some() { Seen::Change } else { Seen::Quiet };
+                    next_beat = pace.next(seen, Instant::now());
+                    if let Some(target) = target {
                         if !*joined_once {
                             *joined_once = true;
                             self.shared.members_joined.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

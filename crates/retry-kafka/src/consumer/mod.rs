@@ -8,6 +8,7 @@
 //! instance reads the operators' pause of its listener in `pause`; records
 //! wait for it in `brake`.
 
+pub(crate) mod beat_pace;
 pub(crate) mod brake;
 pub(crate) mod commit;
 pub(crate) mod config;
