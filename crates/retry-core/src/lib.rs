@@ -41,6 +41,8 @@
 //!   (reconnecting, publishing again, rejoining), with injected jitter.
 //! - [`spring`]: Spring Kafka's retry and dead-letter headers, read where
 //!   ours are absent.
+//! - [`trace`]: W3C trace context (`traceparent`, `tracestate`) carried
+//!   along the ladder.
 //!
 //! ```
 //! use retry_core::{
@@ -87,6 +89,7 @@ mod schedule;
 pub mod spring;
 mod time;
 mod topic;
+pub mod trace;
 pub mod window;
 
 pub use decision::{Decision, PolicyConfig, RecordMeta, RetryPolicy, Stage};
