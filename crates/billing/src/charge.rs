@@ -1,7 +1,11 @@
 use std::time::Duration;
 
 use reqwest::{StatusCode, Url};
-use retry_core::{classify_http_status, ConsumedRecord, FailureKind, HandlerError, RecordHandler};
+use retry_core::{
+    classify_http_status,
+    trace::{self, TraceContext},
+    ConsumedRecord, FailureKind, HandlerError, RecordHandler,
+};
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -157,7 +161,7 @@ impl ChargeHandler {
     /// (the idempotency key is the order id); checks the event's rules first.
     pub async fn charge(&self, event: &OrderConfirmedEvent) -> Result<ChargeOutcome> {
         let money = self.money(event, None)?;
-        self.send(event, &money, &event.order_id.to_string()).await
+        self.send(event, &money, &event.order_id.to_string(), None).await
     }
 
     /// What `event` is charged: its amount in its currency, or in
@@ -171,8 +175,16 @@ impl ChargeHandler {
         })?)
     }
 
-    /// Sends the charge of `money` for `event` under idempotency key `key`.
-    async fn send(&self, event: &OrderConfirmedEvent, money: &Money, key: &str) -> Result<ChargeOutcome> {
+    /// Sends the charge of `money` for `event` under idempotency key `key`;
+    /// the request carries `trace` (the attempt's trace context) so that
+    /// the provider's spans join the order's trace.
+    async fn send(
+        &self,
+        event: &OrderConfirmedEvent,
+        money: &Money,
+        key: &str,
+        trace: Option<&TraceContext>,
+    ) -> Result<ChargeOutcome> {
         let (order_id, event_id) = (event.order_id, event.event_id);
         let request = ChargeRequest {
             order_id: event.order_id,
@@ -180,8 +192,14 @@ impl ChargeHandler {
             amount: &money.amount,
             currency: money.currency,
         };
-        let sent =
-            self.client.post(self.charges_url.clone()).header("Idempotency-Key", key).json(&request).send().await;
+        let mut post = self.client.post(self.charges_url.clone()).header("Idempotency-Key", key);
+        if let Some(trace) = trace {
+            post = post.header(trace::header_names::TRACEPARENT, trace.traceparent());
+            if let Some(state) = trace.state() {
+                post = post.header(trace::header_names::TRACESTATE, state);
+            }
+        }
+        let sent = post.json(&request).send().await;
         let response = match sent {
             Ok(response) => response,
             Err(error) => {
@@ -307,7 +325,7 @@ impl RecordHandler for ChargeHandler {
                 .with_header(IDEMPOTENCY_KEY_HEADER, key.as_bytes())
                 .with_header(CURRENCY_HEADER, money.currency.code())
         };
-        self.send(&event, &money, &key).await.map_err(carry)?;
+        self.send(&event, &money, &key, record.trace.as_ref()).await.map_err(carry)?;
         Ok(())
     }
 }

@@ -5,7 +5,7 @@ use std::{fmt, future::Future};
 
 use bytes::Bytes;
 
-use crate::{FailureKind, Headers, Timestamp};
+use crate::{trace::TraceContext, FailureKind, Headers, Timestamp};
 
 /// A record as the handler sees it.
 ///
@@ -22,6 +22,7 @@ use crate::{FailureKind, Headers, Timestamp};
 ///     headers: Headers::default(),
 ///     timestamp: None,
 ///     attempt: Stage::SOURCE.attempt(),
+///     trace: None,
 /// };
 /// assert_eq!(record.value_str(), Some(r#"{"order_id":"order-1"}"#));
 /// ```
@@ -44,6 +45,11 @@ pub struct ConsumedRecord {
     /// Which attempt this is: [`Stage::attempt`](crate::Stage::attempt) of the topic it was read
     /// from (1 on the source topic, 2 on the first rung...).
     pub attempt: u32,
+    /// The trace context of the span handling it (or, when the transport
+    /// records no spans, the producer's, from its `traceparent`): outgoing
+    /// calls pass it on as `traceparent` and `tracestate` (see
+    /// [`TraceContext::traceparent`]), so what they call joins the trace.
+    pub trace: Option<TraceContext>,
 }
 
 impl ConsumedRecord {

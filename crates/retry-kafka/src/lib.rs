@@ -70,6 +70,7 @@ mod protocol;
 mod publisher;
 mod session;
 mod stats;
+mod telemetry;
 
 pub use admin::{
     dead_letters::{
@@ -97,6 +98,7 @@ pub use metrics::MetricsExposition;
 #[doc(no_inline)]
 pub use retry_core::{ConsumedRecord, RecordHandler};
 pub use stats::{ListenerStats, StatsSnapshot};
+pub use telemetry::Tracing;
 
 /// A partition of a topic.
 ///

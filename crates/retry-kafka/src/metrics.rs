@@ -39,6 +39,7 @@ type Labels = Vec<(&'static str, String)>;
 /// | `kafka_retry_commit_failures_total` | `group` | failed offset commits |
 /// | `kafka_retry_rebalances_total` | `group` | assignments received |
 /// | `kafka_retry_offset_resets_total` | `topic` | positions reset (committed offset out of range) |
+/// | `kafka_retry_malformed_trace_context_total` | `topic` | records whose `traceparent` could not be taken (handled as if they had none) |
 /// | `kafka_retry_consumer_lag` | `topic`, `partition` | high watermark minus the position |
 /// | `kafka_retry_dlq_backlog` | `topic` | dead-letter records not yet replayed or acknowledged |
 /// | `kafka_retry_dlq_lost_to_retention` | `topic` | dead-letter records retention deleted before operators replayed or acknowledged them |
@@ -92,6 +93,7 @@ pub(crate) struct Metrics {
     commit_failures: Family<Labels, Counter>,
     rebalances: Family<Labels, Counter>,
     offset_resets: Family<Labels, Counter>,
+    malformed_trace_context: Family<Labels, Counter>,
     consumer_lag: Family<Labels, Gauge>,
     dlq_backlog: Family<Labels, Gauge>,
     dlq_lost: Family<Labels, Gauge>,
@@ -174,6 +176,7 @@ impl Metrics {
             commit_failures: Family::default(),
             rebalances: Family::default(),
             offset_resets: Family::default(),
+            malformed_trace_context: Family::default(),
             consumer_lag: Family::default(),
             dlq_backlog: Family::default(),
             dlq_lost: Family::default(),
@@ -220,6 +223,11 @@ impl Metrics {
             "kafka_retry_offset_resets",
             "Positions reset by the offset reset policy",
             self.offset_resets.clone(),
+        );
+        r.register(
+            "kafka_retry_malformed_trace_context",
+            "Records whose traceparent header could not be taken, handled as if they had none",
+            self.malformed_trace_context.clone(),
         );
         r.register(
             "kafka_retry_consumer_lag",
@@ -318,6 +326,11 @@ impl Metrics {
         self.offset_resets.get_or_create(&topic(t)).inc();
     }
 
+    pub(crate) fn malformed_trace_context(&self, t: &str) {
+        self.count(|s| &s.malformed_trace_context);
+        self.malformed_trace_context.get_or_create(&topic(t)).inc();
+    }
+
     pub(crate) fn lag(&self, t: &str, partition: i32, lag: i64) {
         self.consumer_lag
             .get_or_create(&vec![("topic", t.to_owned()), ("partition", partition.to_string())])
@@ -403,6 +416,7 @@ mod tests {
         metrics.rebalanced("billing");
         metrics.rebalanced("billing.retry-5s");
         metrics.offset_reset("orders");
+        metrics.malformed_trace_context("orders");
         metrics.evicted("billing");
         metrics.worker_failed("billing");
         metrics.detached_call("orders", true);
@@ -430,6 +444,8 @@ mod tests {
         assert_eq!((rebalances, snapshot.rebalances), (2, 2));
         let resets = sample(&text, r#"kafka_retry_offset_resets_total{topic="orders"}"#);
         assert_eq!((resets, snapshot.offset_resets), (1, 1));
+        let malformed = sample(&text, r#"kafka_retry_malformed_trace_context_total{topic="orders"}"#);
+        assert_eq!((malformed, snapshot.malformed_trace_context), (1, 1));
         let evictions = sample(&text, r#"kafka_retry_member_evictions_total{group="billing"}"#);
         assert_eq!((evictions, snapshot.evictions), (1, 1));
         let failures = sample(&text, r#"kafka_retry_worker_failures_total{group="billing"}"#);

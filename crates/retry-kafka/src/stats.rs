@@ -23,6 +23,7 @@ pub struct ListenerStats {
     pub(crate) past_idempotency_window: AtomicU64,
     pub(crate) aborted_records_skipped: AtomicU64,
     pub(crate) null_header_records: AtomicU64,
+    pub(crate) malformed_trace_context: AtomicU64,
     pub(crate) brake_engagements: AtomicU64,
     pub(crate) held_by_brake: AtomicU64,
     pub(crate) evictions: AtomicU64,
@@ -78,6 +79,9 @@ pub struct StatsSnapshot {
     /// Records with headers whose value is null: the handler does not see
     /// those headers; republications keep them.
     pub null_header_records: u64,
+    /// Records whose `traceparent` could not be taken (malformed, or there
+    /// twice): handled as if they had none.
+    pub malformed_trace_context: u64,
     /// How often the outage brake engaged.
     pub brake_engagements: u64,
     /// Times a record that exhausted the ladder was held back from the
@@ -129,6 +133,7 @@ impl ListenerStats {
             past_idempotency_window: self.past_idempotency_window.load(Relaxed),
             aborted_records_skipped: self.aborted_records_skipped.load(Relaxed),
             null_header_records: self.null_header_records.load(Relaxed),
+            malformed_trace_context: self.malformed_trace_context.load(Relaxed),
             brake_engagements: self.brake_engagements.load(Relaxed),
             held_by_brake: self.held_by_brake.load(Relaxed),
             evictions: self.evictions.load(Relaxed),

@@ -38,6 +38,7 @@ fn record(value: Option<&[u8]>) -> ConsumedRecord {
         headers: Headers::default(),
         timestamp: None,
         attempt: 1,
+        trace: None,
     }
 }
 
@@ -62,6 +63,8 @@ struct SeenRequest {
     path: String,
     idempotency_key: Option<String>,
     content_type: Option<String>,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
     body: serde_json::Value,
 }
 
@@ -91,6 +94,8 @@ impl FakeProvider {
                     path: uri.path().to_owned(),
                     idempotency_key: header("idempotency-key"),
                     content_type: header("content-type"),
+                    traceparent: header("traceparent"),
+                    tracestate: header("tracestate"),
                     body: serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
                 });
                 match answer {
@@ -151,6 +156,25 @@ async fn charges_post_the_amount_with_cents_under_the_order_id_as_idempotency_ke
         request.body,
         json!({"order_id": ORDER_ID, "customer_id": CUSTOMER_ID, "amount": "120.50", "currency": "EUR"})
     );
+    // A record without a trace context sends none.
+    assert_eq!((request.traceparent, request.tracestate), (None, None));
+}
+
+#[tokio::test]
+async fn the_charge_carries_the_attempts_trace_context_to_the_provider() {
+    let mut provider = FakeProvider::start(answer(201, r#"{"id":"ch_1"}"#)).await;
+    let handler = provider.handler("/v1", Duration::from_secs(10));
+    let mut headers = Headers::new();
+    headers.insert("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    headers.insert("tracestate", "congo=t61rcWkgMzE");
+    let attempt = retry_core::trace::TraceContext::read(&headers).context().unwrap().clone();
+    let mut r = record(Some(event_json("120.5").as_bytes()));
+    r.trace = Some(attempt);
+
+    assert_eq!(bounded(handler.handle(r)).await, Ok(()));
+    let request = provider.only_request();
+    assert_eq!(request.traceparent.as_deref(), Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+    assert_eq!(request.tracestate.as_deref(), Some("congo=t61rcWkgMzE"));
 }
 
 #[tokio::test]

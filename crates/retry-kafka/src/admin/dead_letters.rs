@@ -3,6 +3,8 @@
 //! advance the operators' group (`<group>.dlq-operators`), so repeating a
 //! request never replays a record twice, and the backlog gauge follows.
 
+use crate::telemetry::{Spans, Tracing};
+use retry_core::trace::TraceContext;
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::Arc,
@@ -281,6 +283,8 @@ pub struct DeadLetterAdmin {
     /// This instance's name in the operators' group, for the others' refusals.
     instance: String,
     page_bytes: i32,
+    /// Where the spans of replays go (nowhere unless asked).
+    spans: Spans,
     /// Whether the broker keeps offset-commit metadata, where records
     /// handled out of order are recorded; learnt when first needed.
     keeps_metadata: tokio::sync::OnceCell<bool>,
@@ -459,6 +463,7 @@ impl DeadLetterAdmin {
             lock: std::sync::Mutex::new(None),
             instance: instance_name(),
             page_bytes: FETCH_BYTES,
+            spans: Spans::new(Tracing::Off),
             keeps_metadata: tokio::sync::OnceCell::new(),
             partition_clients: Mutex::default(),
             readers: Mutex::default(),
@@ -490,6 +495,14 @@ impl DeadLetterAdmin {
     /// what a replay holds in memory at once.
     pub fn with_page_bytes(mut self, bytes: usize) -> Self {
         self.page_bytes = i32::try_from(bytes).unwrap_or(i32::MAX).max(1);
+        self
+    }
+
+    /// Records each replayed record as a span through OpenTelemetry's
+    /// global tracer provider (a child of the dead letter's last attempt),
+    /// and has the replayed record carry its context.
+    pub fn with_tracing(mut self, tracing: Tracing) -> Self {
+        self.spans = Spans::new(tracing);
         self
     }
 
@@ -955,11 +968,20 @@ impl DeadLetterAdmin {
             }
             let PlannedPage { page, read_to, verdicts, .. } = planned;
             let mut outbox = Vec::new();
+            let mut spans = Vec::new();
             for (r, verdict) in records.into_iter().zip(verdicts) {
                 match verdict {
                     Verdict::Passed => {}
                     Verdict::Skipped(reason) => report.skip(p.partition, r.offset, reason),
-                    Verdict::Replayed(headers) => {
+                    Verdict::Replayed(mut headers) => {
+                        if !request.dry_run {
+                            let incoming = TraceContext::read(&r.headers);
+                            let span = self.spans.replay(incoming.context(), &report.target, None);
+                            if let Some(context) = span.carried() {
+                                context.write_into(&mut headers);
+                            }
+                            spans.push(span);
+                        }
                         let source_partition =
                             RetryHeaders::decode(&r.headers).map(|h| h.original_partition).unwrap_or(p.partition);
                         outbox.push(Outgoing {
@@ -995,6 +1017,8 @@ impl DeadLetterAdmin {
                     outcome => break outcome,
                 }
             };
+            let failed = published.as_ref().err().map(|e| e.to_string());
+            spans.into_iter().for_each(|span| span.sent(failed.as_deref()));
             if let Err(e) = published {
                 // What the broker did take of it may reach the target again
                 // on a repeat.

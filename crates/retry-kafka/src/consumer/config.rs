@@ -312,6 +312,10 @@ pub struct ListenerConfig {
     /// most [`BrakeConfig::max_engaged`](retry_core::brake::BrakeConfig::max_engaged).
     /// See [`retry_core::brake::Brake`].
     pub brake: Option<retry_core::brake::BrakeConfig>,
+    /// Spans of each attempt and replay through OpenTelemetry's global
+    /// tracer provider (off by default; records keep their `traceparent`
+    /// either way). See [`Tracing`](crate::Tracing).
+    pub tracing: crate::Tracing,
 }
 
 impl ListenerConfig {
@@ -357,6 +361,7 @@ impl ListenerConfig {
             partition_check_interval: Duration::from_secs(30),
             window: retry_core::window::WindowConfig::default(),
             brake: None,
+            tracing: crate::Tracing::Off,
         })
     }
 

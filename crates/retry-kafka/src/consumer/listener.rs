@@ -103,6 +103,7 @@ impl Listener {
                 config.policy.topology().source_topic().as_str(),
             )),
             metrics: metrics.clone(),
+            spans: crate::telemetry::Spans::new(config.tracing),
             config,
         });
         let shutdown = CancellationToken::new();

@@ -23,6 +23,8 @@ pub(crate) struct Shared<H> {
     pub(crate) impaired: Arc<std::sync::atomic::AtomicUsize>,
     /// The listener's outage brake, shared by every worker.
     pub(crate) brake: Arc<SharedBrake>,
+    /// Where the spans of attempts go (nowhere when tracing is off).
+    pub(crate) spans: crate::telemetry::Spans,
 }
 
 /// A trouble that makes the listener not ready for as long as this lives:

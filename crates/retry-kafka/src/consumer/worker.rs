@@ -8,7 +8,11 @@ use futures_util::{
     FutureExt,
 };
 
-use retry_core::{window::InFlightWindow, Decision, HandlerError, RecordMeta, Stage, Timestamp};
+use retry_core::{
+    trace::{Incoming, TraceContext},
+    window::InFlightWindow,
+    Decision, HandlerError, RecordMeta, Stage, Timestamp,
+};
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -29,6 +33,7 @@ use crate::{
     },
     publisher::{republished_headers, Outgoing, PublishFailure},
     session::ABORT_WAIT,
+    telemetry::Attempt,
     ConsumedRecord, Error, RecordHandler, TopicPartition,
 };
 
@@ -769,6 +774,16 @@ impl<H: RecordHandler> Worker<H> {
 
         let window = policy.config().max_event_age.is_some();
 
+        let incoming = TraceContext::read(&headers);
+        if let Incoming::Malformed(problem) = &incoming {
+            shared.metrics.malformed_trace_context(topic);
+            tracing::debug!(%problem, "the record's traceparent is ignored");
+        }
+        let group = shared.config.groups().of(self.stage).unwrap_or_default();
+        let attempt =
+            Attempt { topic, partition: *partition, offset, group, attempt: self.stage.attempt(), key: key.as_deref() };
+        let mut span = shared.spans.attempt(incoming.context(), attempt);
+
         // The handler takes the headers; a failure's decision reads them
         // again from the record as written (success needs none).
         let mut consumed = Some(ConsumedRecord {
@@ -780,6 +795,7 @@ impl<H: RecordHandler> Worker<H> {
             headers,
             timestamp,
             attempt: self.stage.attempt(),
+            trace: span.context().cloned(),
         });
         let mut read_again = None;
         // The outage brake may hold the record back before its call, and
@@ -804,6 +820,7 @@ impl<H: RecordHandler> Worker<H> {
                 if let Some(decision) = policy.admit(self.stage, &meta, now) {
                     shared.metrics.count(|s| &s.past_idempotency_window);
                     let outcome = Err(HandlerError::permanent(dead_letter_error(&decision).unwrap_or_default()));
+                    span.handled(&outcome);
                     break (outcome, now, decision);
                 }
             }
@@ -812,6 +829,7 @@ impl<H: RecordHandler> Worker<H> {
             let record = record.expect("a record runs again only when the brake is on");
             // Dropping the ticket unreported (abandoned) frees a probe's slot.
             let Some(outcome) = self.run_handler(record).await else { return Processed::Abandoned };
+            span.handled(&outcome);
             shared.brake.finished(ticket, &outcome, self.stage);
             // A success is committed, which needs no time: only a failure's
             // decision (and its republication) reads the clock.
@@ -831,7 +849,9 @@ impl<H: RecordHandler> Worker<H> {
             tracing::info!(error = ?outcome.as_ref().err(), "retries exhausted while the brake is engaged: the record waits to run again instead of being dead-lettered");
             held = Some((outcome, now, decision));
         };
-        let (target, headers, dead_letter) = match decision {
+        let carried = span.carried().cloned();
+        span.decided(&decision);
+        let (target, mut headers, dead_letter) = match decision {
             Decision::Commit => {
                 self.metrics.record_done(Outcome::Success, 1);
                 return Processed::Done;
@@ -845,6 +865,10 @@ impl<H: RecordHandler> Worker<H> {
                 (target, headers, true)
             }
         };
+        // The next attempt (or the dead letter) continues from this one.
+        if let Some(context) = carried {
+            context.write_into(&mut headers);
+        }
         let record = self.republication(&target, &raw_headers, &headers, key, value, now, codec);
         Processed::Republish { record, dead_letter }
     }
