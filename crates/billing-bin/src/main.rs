@@ -18,6 +18,7 @@ mod admin;
 mod config;
 mod dlq_cli;
 mod failure;
+mod telemetry;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
@@ -30,6 +31,7 @@ use tracing::{error, info};
 use crate::{
     config::{Cli, Command, KafkaArgs, OffsetsAction, OperatorArgs, RunArgs, SkipArgs, TopicArgs, TopicsAction},
     failure::Failure,
+    telemetry::Telemetry,
 };
 
 fn main() -> ExitCode {
@@ -96,12 +98,13 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     let connection = kafka.connection()?;
     let policy = policy(kafka, max_event_age)?;
     let handler = billing::ChargeHandler::new(provider, rules).map_err(|e| Failure::Config(e.to_string()))?;
+    let telemetry = Telemetry::start()?;
 
     // Health first, so an orchestrator sees the process while it connects.
     let admin = admin::serve(args.admin_listen, limits).await.map_err(|e| Failure::Runtime(e.to_string()))?;
     info!(admin = %admin.addr(), "admin endpoint listening (/healthz, /readyz, /metrics)");
     let operators_server = match token {
-        Some(token) => Some(serve_operators(&args.operators, token, &connection, &policy).await?),
+        Some(token) => Some(serve_operators(&args.operators, token, &connection, &policy, &telemetry).await?),
         None => {
             info!("ADMIN_TOKEN is not set: the operators' API (/admin) is off");
             None
@@ -126,6 +129,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
     config.window = window;
     config.brake = brake;
     config.offset_reset = start_at;
+    config.tracing = telemetry.tracing();
     let groups: Vec<(String, String)> = config
         .groups()
         .consumed(config.policy().topology())
@@ -145,6 +149,7 @@ async fn run(kafka: &KafkaArgs, args: &RunArgs) -> Result<(), Failure> {
         server.stop().await;
     }
     admin.stop().await;
+    telemetry.shutdown().await;
     info!("stopped");
     Ok(())
 }
@@ -155,11 +160,14 @@ async fn serve_operators(
     token: String,
     connection: &retry_kafka::ConnectionConfig,
     policy: &RetryPolicy,
+    telemetry: &Telemetry,
 ) -> Result<OperatorsServer, Failure> {
     let limits = args.http_limits()?;
     let groups = retry_core::groups::LadderGroups::new(&args.group_id, policy.topology())
         .map_err(|e| Failure::Config(e.to_string()))?;
-    let admin = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups).await?;
+    let admin = retry_kafka::DeadLetterAdmin::connect(connection.clone(), policy.clone(), &groups)
+        .await?
+        .with_tracing(telemetry.tracing());
     let config = OperatorsConfig {
         token,
         policy: policy.clone(),
@@ -190,11 +198,13 @@ async fn serve_operators_alone(kafka: &KafkaArgs, args: &OperatorArgs) -> Result
         )
     })?;
     let policy = policy(kafka, args.max_event_age()?)?;
-    let server = serve_operators(args, token, &kafka.connection()?, &policy).await?;
+    let telemetry = Telemetry::start()?;
+    let server = serve_operators(args, token, &kafka.connection()?, &policy, &telemetry).await?;
     info!(topic = %kafka.topic, dead_letters = %policy.topology().dead_letter_topic(), "serving the operators' API \
         alone: nothing is consumed");
     wait_for_shutdown_signal().await;
     server.stop().await;
+    telemetry.shutdown().await;
     info!("stopped");
     Ok(())
 }
