@@ -162,12 +162,12 @@ impl Setup {
         }
     }
 
-    fn dlq(&self) -> String {
+    pub(crate) fn dlq(&self) -> String {
         self.topology().dead_letter_topic().to_string()
     }
 
     /// The retry topic of rung `index` (0 is the first).
-    fn retry_topic(&self, index: usize) -> String {
+    pub(crate) fn retry_topic(&self, index: usize) -> String {
         self.topology().retry_topic(index).expect("the schedule has this rung").to_string()
     }
 }
@@ -195,7 +195,7 @@ impl Service {
     }
 
     /// The value of one sample of `/metrics`, e.g. `kafka_retry_dlq_backlog{topic="t.dlq"}`.
-    async fn metric(&self, sample: &str) -> Option<f64> {
+    pub(crate) async fn metric(&self, sample: &str) -> Option<f64> {
         let text = self.metrics().await?;
         text.lines().find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
     }

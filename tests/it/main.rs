@@ -19,4 +19,5 @@ mod stock;
 mod support;
 mod tls;
 mod topics;
+mod trace;
 mod window;

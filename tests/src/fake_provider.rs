@@ -281,6 +281,12 @@ impl FakeProvider {
         self.shared.books().arrivals_by_order.get(order_id).cloned().unwrap_or_default()
     }
 
+    /// The `traceparent` each request for `order_id` carried, in order
+    /// (empty for a request without one).
+    pub fn traceparents(&self, order_id: &str) -> Vec<String> {
+        self.shared.books().traceparents_by_order.get(order_id).cloned().unwrap_or_default()
+    }
+
     /// How many requests were answered with each status.
     pub fn requests(&self) -> BTreeMap<u16, u64> {
         self.shared.books().statuses.clone()
@@ -337,6 +343,8 @@ struct Books {
     requests_by_order: HashMap<String, u32>,
     /// When each request for an order arrived, in ms since the epoch.
     arrivals_by_order: HashMap<String, Vec<i64>>,
+    /// The `traceparent` of each request for an order (empty when it had none).
+    traceparents_by_order: HashMap<String, Vec<String>>,
     scripts: HashMap<String, Script>,
     statuses: BTreeMap<u16, u64>,
 }
@@ -509,6 +517,8 @@ fn book(
     };
     let arrived = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     books.arrivals_by_order.entry(request.order_id.clone()).or_default().push(arrived.as_millis() as i64);
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    books.traceparents_by_order.entry(request.order_id.clone()).or_default().push(traceparent);
     let processing = books.fault(faults, &request.order_id, attempt)?;
 
     let now = Instant::now();
