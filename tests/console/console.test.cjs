@@ -20,6 +20,7 @@ const axeSource = fs.readFileSync(path.join(modules, 'axe-core', 'axe.min.js'), 
 const URL = env('CONSOLE_URL');
 const TOKEN = env('CONSOLE_TOKEN');
 const REPLAY_KEY = env('CONSOLE_REPLAY_KEY');
+const REPLAY_TRACE = env('CONSOLE_REPLAY_TRACE');
 const ACK_KEY = env('CONSOLE_ACK_KEY');
 const XSS_KEY = env('CONSOLE_XSS_KEY');
 const XSS_PAYLOAD = env('CONSOLE_XSS_PAYLOAD');
@@ -107,6 +108,7 @@ async function main() {
     await page.waitForSelector('#record:not([hidden])');
     check((await page.textContent('#payload')).includes(REPLAY_KEY), 'the record view shows the payload, pretty-printed');
     check((await page.textContent('#headers')).includes('x-retry-attempt'), 'the record view lists the retry headers');
+    check((await page.textContent('#record-meta')).includes(REPLAY_TRACE), 'the record view shows its trace id');
     const timeline = await page.$$eval('#timeline li', (lis) => lis.map((li) => li.textContent));
     check(timeline.filter((t) => / attempt \d failed/.test(t)).length === 3 && timeline.some((t) => t.includes('after it was due')),
       `the record view shows when each attempt was due and failed (${timeline.join(' | ')})`);

@@ -136,7 +136,9 @@ async fn the_console_shows_replays_and_acknowledges_dead_letters_in_a_browser() 
     for partition in [0, 0, 1, 1] {
         let (order, json) = event("19.90");
         provider.script(&order.to_string(), Script::FailTimes { times: 3 });
-        produce(&setup.topic, partition, &order.to_string(), &json, &[]).await;
+        // Each in a trace of its own, whose id is the order's.
+        let traceparent = format!("00-{}-00f067aa0ba902b7-01", order.simple());
+        produce(&setup.topic, partition, &order.to_string(), &json, &[("traceparent", traceparent.as_bytes())]).await;
         failing.push(order.to_string());
     }
     let (rejected, json) = event("5.00");
@@ -207,6 +209,7 @@ async fn the_console_shows_replays_and_acknowledges_dead_letters_in_a_browser() 
             .env("CONSOLE_URL", format!("http://{}", service.operators))
             .env("CONSOLE_TOKEN", TOKEN)
             .env("CONSOLE_REPLAY_KEY", &replayed)
+            .env("CONSOLE_REPLAY_TRACE", replayed.replace('-', ""))
             .env("CONSOLE_ACK_KEY", &acknowledged)
             .env("CONSOLE_XSS_KEY", xss_key)
             .env("CONSOLE_XSS_PAYLOAD", xss_payload)

@@ -143,6 +143,15 @@ async fn one_order_is_one_trace_through_its_retries_its_dead_letter_and_its_repl
     let dead_parent = header(&dead[0].record, "traceparent");
     assert!(dead_parent.starts_with(&format!("00-{TRACE}-")), "the dead letter keeps the trace: {dead_parent}");
 
+    // The operators see which trace it belongs to, in the API and from a terminal.
+    let (status, page) =
+        call(&service, Method::GET, &format!("/admin/dlq/{dlq}/messages?limit=10"), Some(TOKEN), None).await;
+    assert_eq!((status, page["messages"][0]["trace_id"].as_str()), (200, Some(TRACE)), "{page}");
+    let (code, stdout, stderr) = setup.dlq_cli(&service, &["show"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let shown: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(shown["messages"][0]["trace_id"].as_str(), Some(TRACE), "{shown}");
+
     let replay = format!("/admin/dlq/{dlq}/replay?target_topic={}&wait=true", setup.topic);
     let (status, done) = call(&service, Method::POST, &replay, Some(TOKEN), None).await;
     assert_eq!((status, done["report"]["replayed"].as_u64()), (200, Some(1)), "{done}");

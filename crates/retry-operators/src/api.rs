@@ -197,6 +197,10 @@ pub struct Message {
     pub payload: Option<Content>,
     /// Its retry headers, decoded.
     pub retry: RetryInfo,
+    /// The trace it belongs to (32 hex digits, from its `traceparent`):
+    /// the one to look up in a tracing backend. Absent without a valid one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
     /// Every header, in order, repeated names included (Spring appends a
     /// value at every hop).
     pub headers: Vec<Header>,
@@ -253,6 +257,7 @@ impl Message {
             key: Content::of(&d.key),
             payload: Content::of(&d.value),
             retry,
+            trace_id: retry_core::trace::TraceContext::read(&d.headers).context().map(|c| c.trace_id().to_string()),
             headers: d.headers.iter().map(|(k, v)| Header::of(k, v)).collect(),
         }
     }

@@ -316,6 +316,7 @@
     add('Last error', r.retry.error);
     add('From', r.retry.original_topic ? `${r.retry.original_topic}, partition ${r.retry.original_partition}, offset ${r.retry.original_offset}` : null);
     add('Replayed before', r.retry.replay_count);
+    add('Trace', r.trace_id);
     if (r.retry.undecodable) add('Retry headers', `cannot be decoded: ${r.retry.undecodable}`);
 
     const timeline = $('timeline');
