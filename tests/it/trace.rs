@@ -227,3 +227,48 @@ async fn one_order_is_one_trace_through_its_retries_its_dead_letter_and_its_repl
     let garbled_calls = provider.traceparents(&garbled.to_string());
     assert_eq!(garbled_calls, [format!("00-{}-{}-01", garbled_attempts[0].trace_id, garbled_attempts[0].span_id)]);
 }
+
+/// A record whose `traceparent` a foreign producer wrote (librdkafka,
+/// through confluent-kafka): its attempt continues that trace, and the
+/// provider's call with it.
+#[tokio::test]
+async fn a_foreign_producers_trace_is_continued() {
+    let receiver = OtlpReceiver::start().await;
+    let setup = Setup::new("trace-foreign");
+    setup.create_topics().await;
+    let provider = FakeProvider::start(Faults::default()).await;
+    let env = [("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "100")];
+    let service = setup.start_with(&provider, &env).await;
+    let (order, json) = event(r#""7.00""#);
+    const FOREIGN_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    const FOREIGN_SPAN: &str = "b7ad6b7169203331";
+    let traceparent = format!("traceparent=00-{FOREIGN_TRACE}-{FOREIGN_SPAN}-01");
+    let brokers = integration::broker_addr();
+    let order_key = order.to_string();
+    let args = ["produce", "--brokers", &brokers, "--topic", &setup.topic, "--partition", "1", "--key", &order_key];
+    integration::kafka_client(
+        &[&args[..], &["--value", &json, "--header", &traceparent, "--header", "tracestate=rojo=00f067aa0ba902b7"]]
+            .concat(),
+    )
+    .await;
+    eventually("the order charged", SETTLE, || async {
+        (provider.charges_for(&order.to_string()).len() == 1).then_some(())
+    })
+    .await;
+    wait_drained(&setup).await;
+    service.stop().await;
+
+    let spans = receiver.trace(FOREIGN_TRACE);
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    let attempt = &spans[0];
+    assert_eq!(
+        (attempt.name.as_str(), attempt.parent.as_str()),
+        (format!("process {}", setup.topic).as_str(), FOREIGN_SPAN)
+    );
+    assert_eq!(
+        (attempt.attr("kafka_retry.decision"), attempt.attr("messaging.destination.partition.id")),
+        ("commit", "1")
+    );
+    assert_eq!(provider.traceparents(&order.to_string()), [format!("00-{FOREIGN_TRACE}-{}-01", attempt.span_id)]);
+    assert_eq!(attempt.service, "billing-bin", "the service's name without OTEL_SERVICE_NAME");
+}
