@@ -66,13 +66,14 @@ async fn main() {
     let partitions: i32 = arg(2).parse().expect("partitions");
     let records: usize = arg(3).parse().expect("records");
     let line = match arg(0).as_str() {
-        "raw" => raw(&topic, partitions, records, 0).await,
+        "raw" => raw(&topic, partitions, records, 0, Traced::No).await,
         // Records carrying as many headers as a retried record: what the
         // broker can take for republication.
-        "raw-headers" => raw(&topic, partitions, records, retry_core::header_names::ALL.len()).await,
+        "raw-headers" => raw(&topic, partitions, records, retry_core::header_names::ALL.len(), Traced::No).await,
         // One process per broker: fill the topics, then drain them.
-        "fill-and-drain" => {
-            raw(&topic, partitions, records, 0).await;
+        "fill-and-drain" | "fill-traced-and-drain" => {
+            let traced = if arg(0) == "fill-traced-and-drain" { Traced::Yes } else { Traced::No };
+            raw(&topic, partitions, records, 0, traced).await;
             let latency = Latency::parse(args.get(5).map_or("0", String::as_str));
             let max_in_flight = args.get(6).map_or(64, |m| m.parse().expect("max in flight"));
             let failure_percent = arg(4).parse().expect("failure percent");
@@ -124,7 +125,27 @@ fn connection() -> ConnectionConfig {
 
 /// Creates the ladder's topics and fills the source: `records` records
 /// spread evenly over the partitions. Returns produce throughput.
-async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize) -> String {
+/// Whether each record carries a `traceparent` (a trace of its own), as
+/// an instrumented producer writes it.
+#[derive(Clone, Copy)]
+enum Traced {
+    No,
+    Yes,
+}
+
+impl Traced {
+    fn traceparent(self, partition: i32, i: usize) -> Option<(String, Vec<u8>)> {
+        match self {
+            Traced::No => None,
+            Traced::Yes => {
+                let value = format!("00-{:016x}{:016x}-{:016x}-01", partition + 1, i + 1, i + 1);
+                Some(("traceparent".to_owned(), value.into_bytes()))
+            }
+        }
+    }
+}
+
+async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize, traced: Traced) -> String {
     TopicPlan::new(topology(topic), partitions).create(&connection(), true).await.expect("create topics");
     let client = rskafka_client().await;
     let value = vec![b'x'; VALUE_BYTES];
@@ -144,6 +165,7 @@ async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize) 
                         value: Some(value.clone()),
                         headers: (0..header_count)
                             .map(|h| (format!("x-header-{h}"), b"1700000000000".to_vec()))
+                            .chain(traced.traceparent(p, i))
                             .collect(),
                         timestamp: Utc.timestamp_millis_opt(1_700_000_000_000).unwrap(),
                     })

@@ -109,23 +109,28 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         let p = args.partitions.to_string();
         // Every pipeline scenario drains topics of its own, filled just before.
         let mut topics = 0;
-        let mut pipeline = |records: usize, failure: &str, latency: &str, window: &str| -> anyhow::Result<Figures> {
-            topics += 1;
-            let topic = format!("bench-{run_id}-{topics}");
-            let n = records.to_string();
-            eprintln!("scenario {topics}: {n} records, {failure}% failing, handler {latency}, window {window}");
-            scenario(&["fill-and-drain", &topic, &p, &n, failure, latency, window])
-        };
+        let mut fill =
+            |how: &str, records: usize, failure: &str, latency: &str, window: &str| -> anyhow::Result<Figures> {
+                topics += 1;
+                let topic = format!("bench-{run_id}-{topics}");
+                let n = records.to_string();
+                eprintln!(
+                    "scenario {topics}: {n} records, {failure}% failing, handler {latency}, window {window} ({how})"
+                );
+                scenario(&[how, &topic, &p, &n, failure, latency, window])
+            };
         let n = args.records.to_string();
         eprintln!("producing {n} records of 256 bytes over {p} partitions, then draining them...");
         let raw = scenario(&["raw", &format!("bench-{run_id}-raw"), &p, &n])?;
-        let noop = pipeline(args.records, "0", "0", "64")?;
-        let some = pipeline(args.records, "10", "0", "64")?;
-        let all = pipeline(args.records, "100", "0", "64")?;
-        let sequential = pipeline(args.sequential_records, "0", "50ms", "1")?;
-        let windowed = pipeline(args.records, "0", "50ms", "64")?;
-        let windowed_failing = pipeline(args.records, "10", "50ms", "64")?;
-        let mix = pipeline(args.records, "0", "10-200ms", "64")?;
+        let noop = fill("fill-and-drain", args.records, "0", "0", "64")?;
+        // Trace context read (export off) on every record, beside the no-op.
+        let traced = fill("fill-traced-and-drain", args.records, "0", "0", "64")?;
+        let some = fill("fill-and-drain", args.records, "10", "0", "64")?;
+        let all = fill("fill-and-drain", args.records, "100", "0", "64")?;
+        let sequential = fill("fill-and-drain", args.sequential_records, "0", "50ms", "1")?;
+        let windowed = fill("fill-and-drain", args.records, "0", "50ms", "64")?;
+        let windowed_failing = fill("fill-and-drain", args.records, "10", "50ms", "64")?;
+        let mix = fill("fill-and-drain", args.records, "0", "10-200ms", "64")?;
         // Last: records with headers slow the broker down for every later fetch.
         let headers = scenario(&["raw-headers", &format!("bench-{run_id}-headers"), &p, &n])?;
 
@@ -149,6 +154,13 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         row("rskafka fetch (ceiling)", fetch, "100% of fetch".into(), &raw)?;
         let pct = |a: f64, b: f64| format!("{:.0}%", 100.0 * a / b);
         row("pipeline, no-op handler", noop_rate, format!("{} of fetch", pct(noop_rate, fetch)), &noop)?;
+        let traced_rate = traced.get("drain_per_s")?;
+        row(
+            "pipeline, no-op, a traceparent on each record",
+            traced_rate,
+            format!("{} of no-op", pct(traced_rate, noop_rate)),
+            &traced,
+        )?;
         let some_rate = some.get("drain_per_s")?;
         row("pipeline, 10% transient failures", some_rate, format!("{} of no-op", pct(some_rate, noop_rate)), &some)?;
         let all_rate = all.get("drain_per_s")?;

@@ -101,20 +101,17 @@ impl Spans {
     }
 
     /// Starts the span of a replay to `target` of a dead letter whose
-    /// headers carried `incoming`; `job` is the replay job's id, if any.
-    pub(crate) fn replay(&self, incoming: Option<&TraceContext>, target: &str, job: Option<&str>) -> AttemptSpan {
+    /// headers carried `incoming`.
+    pub(crate) fn replay(&self, incoming: Option<&TraceContext>, target: &str) -> AttemptSpan {
         let Some(tracer) = &self.tracer else {
             return AttemptSpan { span: None, context: incoming.cloned(), own: false };
         };
-        let mut attributes = vec![
+        let attributes = vec![
             KeyValue::new("messaging.system", "kafka"),
             KeyValue::new("messaging.operation.type", "send"),
             KeyValue::new("messaging.operation.name", "replay"),
             KeyValue::new("messaging.destination.name", target.to_owned()),
         ];
-        if let Some(job) = job {
-            attributes.push(KeyValue::new("kafka_retry.replay.job", job.to_owned()));
-        }
         let span = tracer
             .span_builder(Cow::Owned(format!("replay {target}")))
             .with_kind(SpanKind::Producer)

@@ -976,7 +976,7 @@ impl DeadLetterAdmin {
                     Verdict::Replayed(mut headers) => {
                         if !request.dry_run {
                             let incoming = TraceContext::read(&r.headers);
-                            let span = self.spans.replay(incoming.context(), &report.target, None);
+                            let span = self.spans.replay(incoming.context(), &report.target);
                             if let Some(context) = span.carried() {
                                 context.write_into(&mut headers);
                             }
