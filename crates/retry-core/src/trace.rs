@@ -34,6 +34,12 @@ use std::fmt;
 use crate::Headers;
 
 /// The header names of W3C trace context.
+///
+/// ```
+/// use retry_core::trace::header_names;
+///
+/// assert_eq!((header_names::TRACEPARENT, header_names::TRACESTATE), ("traceparent", "tracestate"));
+/// ```
 pub mod header_names {
     /// `version-traceid-parentid-flags`, lowercase hex.
     pub const TRACEPARENT: &str = "traceparent";
@@ -51,10 +57,25 @@ const KNOWN_FLAGS: u8 = 0b11;
 const SAMPLED: u8 = 0b01;
 
 /// A trace's id: 16 bytes, not all zero.
+///
+/// ```
+/// use retry_core::trace::TraceId;
+///
+/// let id = TraceId::from_bytes([0xab; 16]).unwrap();
+/// assert_eq!(id.to_string(), "ab".repeat(16));
+/// assert_eq!(TraceId::from_bytes([0; 16]), None);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TraceId([u8; 16]);
 
 /// A span's id: 8 bytes, not all zero.
+///
+/// ```
+/// use retry_core::trace::SpanId;
+///
+/// let id = SpanId::from_bytes([1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+/// assert_eq!((id.to_string().as_str(), id.to_bytes()), ("0102030405060708", [1, 2, 3, 4, 5, 6, 7, 8]));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SpanId([u8; 8]);
 
@@ -95,6 +116,13 @@ impl fmt::Display for SpanId {
 }
 
 /// Why a `traceparent` was not taken.
+///
+/// ```
+/// use retry_core::trace::{parse_traceparent, TraceProblem};
+///
+/// assert_eq!(parse_traceparent(b"00-xyz").unwrap_err(), TraceProblem::Syntax);
+/// assert_eq!(TraceProblem::Version.to_string(), "version ff is invalid");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceProblem {
     /// Not `version-traceid-parentid-flags` with the lengths and lowercase
@@ -120,6 +148,16 @@ impl fmt::Display for TraceProblem {
 }
 
 /// What a record's headers say of its trace.
+///
+/// ```
+/// use retry_core::{trace::{Incoming, TraceContext, TraceProblem}, Headers};
+///
+/// let mut headers = Headers::new();
+/// assert_eq!(TraceContext::read(&headers), Incoming::Absent);
+/// headers.insert("traceparent", "garbage");
+/// assert_eq!(TraceContext::read(&headers), Incoming::Malformed(TraceProblem::Syntax));
+/// assert_eq!(TraceContext::read(&headers).context(), None);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Incoming {
     /// No `traceparent`: the record starts a trace of its own.
@@ -141,6 +179,15 @@ impl Incoming {
 }
 
 /// A span's place in a trace, as `traceparent` and `tracestate` carry it.
+///
+/// ```
+/// use retry_core::trace::{SpanId, TraceContext, TraceId};
+///
+/// let root = TraceContext::new(TraceId::from_bytes([1; 16]).unwrap(), SpanId::from_bytes([2; 8]).unwrap(), true);
+/// let child = root.child(SpanId::from_bytes([3; 8]).unwrap());
+/// assert_eq!(child.trace_id(), root.trace_id());
+/// assert_eq!(child.traceparent(), format!("00-{}-{}-01", "01".repeat(16), "03".repeat(8)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceContext {
     trace_id: TraceId,
@@ -222,6 +269,13 @@ impl TraceContext {
 
 /// Parses a `traceparent` value: the version-00 fields of any version but
 /// `ff` (a later version may append fields after a `-`).
+///
+/// ```
+/// use retry_core::trace::parse_traceparent;
+///
+/// let (trace, span, flags) = parse_traceparent(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+/// assert_eq!((trace.to_string().as_str(), span.to_string().as_str(), flags), ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", 1));
+/// ```
 pub fn parse_traceparent(value: &[u8]) -> Result<(TraceId, SpanId, u8), TraceProblem> {
     // version(2) - trace id(32) - parent id(16) - flags(2)
     const LEN: usize = 55;
