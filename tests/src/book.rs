@@ -23,6 +23,9 @@ pub struct OperationsBrake;
 #[doc = include_str!("../../docs/operations/metrics.md")]
 pub struct OperationsMetrics;
 
+#[doc = include_str!("../../docs/operations/tracing.md")]
+pub struct OperationsTracing;
+
 #[doc = include_str!("../../docs/operations/operators.md")]
 pub struct OperationsOperators;
 
