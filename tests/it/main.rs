@@ -3,6 +3,7 @@
 
 mod billing;
 mod broker_path;
+mod check;
 mod console;
 mod dead_letters;
 mod faults;

@@ -58,6 +58,9 @@ pub(crate) enum Need {
 
 /// Every test that needs more than every broker gives, by its path.
 pub(crate) const NEEDS: &[(&str, &[Need])] = &[
+    ("check::a_wrong_ca_or_no_tls_fails_with_the_setting_to_fix", &[Need::Tls]),
+    ("check::a_wrong_password_fails_the_security_check_without_showing_it", &[Need::Sasl]),
+    ("check::the_consumer_group_protocol_is_checked_against_the_broker", &[Need::NoConsumerProtocol]),
     ("billing::a_kill_mid_stream_charges_every_event_exactly_once", &[Need::LongRun]),
     (
         "billing::a_rolling_restart_of_three_instances_charges_every_order_once",

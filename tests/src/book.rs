@@ -11,6 +11,9 @@ pub struct GuideRetryCore;
 #[doc = include_str!("../../docs/guide/retry-kafka.md")]
 pub struct GuideRetryKafka;
 
+#[doc = include_str!("../../docs/operations/quick-start.md")]
+pub struct OperationsQuickStart;
+
 #[doc = include_str!("../../docs/operations/billing.md")]
 pub struct OperationsBilling;
 

@@ -22,6 +22,11 @@
 //! - `GET /requests`: how many requests were answered with each status.
 //! - `PUT /script/{order_id}` with a [`Script`] as JSON: what to do with the
 //!   next requests for that order, so a test in another process can script it.
+//! - `PUT /outage` with `on` or `off`: starts or ends an outage, every
+//!   request answered 503 meanwhile ([`FakeProvider::set_down`]).
+//! - `PUT /faults` with a [`FaultChange`] as JSON (`{"transient_pct": 20}`):
+//!   changes the random mix from then on; the answer is the whole mix.
+//!   `GET /faults` shows it.
 //!
 //! Faults come from a [`Script`] per order, else from the random mix of
 //! [`Faults`]. The mix is deterministic per order id given the seed, and a
@@ -213,7 +218,7 @@ impl FakeProvider {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            faults,
+            faults: Mutex::new(faults),
             books: Mutex::default(),
             down: Default::default(),
             shutdown: watch::Sender::new(false),
@@ -225,6 +230,8 @@ impl FakeProvider {
             .route("/requests", get(requests))
             .route("/arrivals", get(arrivals))
             .route("/script/{order_id}", put(script))
+            .route("/outage", put(outage))
+            .route("/faults", get(show_faults).put(change_faults))
             .with_state(shared.clone());
         let mut shutdown = shared.shutdown.subscribe();
         let server = tokio::spawn(async move {
@@ -248,9 +255,10 @@ impl FakeProvider {
         self.addr
     }
 
-    /// The faults it was started with.
-    pub fn faults(&self) -> &Faults {
-        &self.shared.faults
+    /// The random mix of faults now: the one it was started with, unless
+    /// `PUT /faults` changed it.
+    pub fn faults(&self) -> Faults {
+        self.shared.faults()
     }
 
     /// Scripts the next requests for `order_id`, replacing its random fault
@@ -311,7 +319,8 @@ impl Drop for FakeProvider {
 
 /// What the handlers share.
 struct Shared {
-    faults: Faults,
+    /// The random mix, which `PUT /faults` may change while serving.
+    faults: Mutex<Faults>,
     books: Mutex<Books>,
     /// While true, an outage: every request is answered 503 and nothing is charged.
     down: std::sync::atomic::AtomicBool,
@@ -322,6 +331,10 @@ struct Shared {
 impl Shared {
     fn is_down(&self) -> bool {
         self.down.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn faults(&self) -> Faults {
+        self.faults.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     fn books(&self) -> std::sync::MutexGuard<'_, Books> {
@@ -475,15 +488,16 @@ async fn charge(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
 
 /// Books the charge (or not) and says how to answer and how long to wait first.
 fn decide(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> (Answer, Duration) {
+    let faults = shared.faults();
     let mut books = shared.books();
     if shared.is_down() {
         *books.statuses.entry(503).or_default() += 1;
-        return (refuse(StatusCode::SERVICE_UNAVAILABLE, "the provider is down"), shared.faults.latency);
+        return (refuse(StatusCode::SERVICE_UNAVAILABLE, "the provider is down"), faults.latency);
     }
-    let (answer, delay) = book(&mut books, &shared.faults, headers, body)
+    let (answer, delay) = book(&mut books, &faults, headers, body)
         .unwrap_or_else(|(status, message)| (refuse(status, &message), Duration::ZERO));
     *books.statuses.entry(answer.0.as_u16()).or_default() += 1;
-    (answer, delay + shared.faults.latency)
+    (answer, delay + faults.latency)
 }
 
 fn book(
@@ -568,9 +582,10 @@ async fn charge_status(State(shared): State<Arc<Shared>>, Path(key): Path<String
     if shared.is_down() {
         return refuse(StatusCode::SERVICE_UNAVAILABLE, "the provider is down");
     }
-    let books = shared.books();
     let now = Instant::now();
-    match books.remembered(&key, shared.faults.key_ttl, now) {
+    let key_ttl = shared.faults().key_ttl;
+    let books = shared.books();
+    match books.remembered(&key, key_ttl, now) {
         Some(attempt) => {
             let c = &attempt.charge;
             let body = serde_json::json!({
@@ -618,6 +633,87 @@ async fn script(State(shared): State<Arc<Shared>>, Path(order_id): Path<String>,
             (StatusCode::OK, Json(serde_json::json!({ "order_id": order_id, "script": script })))
         }
         Err(e) => refuse(StatusCode::BAD_REQUEST, &format!("invalid script: {e}")),
+    }
+}
+
+/// `PUT /outage`: `on` starts an outage, `off` ends it.
+async fn outage(State(shared): State<Arc<Shared>>, body: Bytes) -> Answer {
+    let down = match body.trim_ascii() {
+        b"on" | b"true" => true,
+        b"off" | b"false" => false,
+        other => {
+            let got = String::from_utf8_lossy(other);
+            return refuse(StatusCode::BAD_REQUEST, &format!("expected `on` or `off`, got {got:?}"));
+        }
+    };
+    shared.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    (StatusCode::OK, Json(serde_json::json!({ "outage": down })))
+}
+
+/// A change of the random mix of faults: the fields given replace the
+/// mix's, the others stay. As JSON: `{"transient_pct": 20,
+/// "permanent_pct": 5, "slow_pct": 0, "latency_ms": 50}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultChange {
+    /// The new [`Faults::transient_pct`].
+    pub transient_pct: Option<u8>,
+    /// The new [`Faults::transient_max_failures`].
+    pub transient_max_failures: Option<u32>,
+    /// The new [`Faults::permanent_pct`].
+    pub permanent_pct: Option<u8>,
+    /// The new [`Faults::slow_pct`].
+    pub slow_pct: Option<u8>,
+    /// The new [`Faults::latency`], in ms.
+    pub latency_ms: Option<u64>,
+}
+
+impl FaultChange {
+    /// `faults` with this change, checked.
+    pub fn apply(&self, faults: &Faults) -> Result<Faults, String> {
+        let changed = Faults {
+            transient_pct: self.transient_pct.unwrap_or(faults.transient_pct),
+            transient_max_failures: self.transient_max_failures.unwrap_or(faults.transient_max_failures),
+            permanent_pct: self.permanent_pct.unwrap_or(faults.permanent_pct),
+            slow_pct: self.slow_pct.unwrap_or(faults.slow_pct),
+            latency: self.latency_ms.map_or(faults.latency, Duration::from_millis),
+            ..faults.clone()
+        };
+        changed.validate()?;
+        Ok(changed)
+    }
+}
+
+/// The mix as `GET /faults` shows it.
+fn faults_json(faults: &Faults) -> serde_json::Value {
+    serde_json::json!({
+        "transient_pct": faults.transient_pct,
+        "transient_max_failures": faults.transient_max_failures,
+        "permanent_pct": faults.permanent_pct,
+        "slow_pct": faults.slow_pct,
+        "slow_ms": faults.slow.as_millis() as u64,
+        "latency_ms": faults.latency.as_millis() as u64,
+        "seed": faults.seed,
+    })
+}
+
+async fn show_faults(State(shared): State<Arc<Shared>>) -> Answer {
+    (StatusCode::OK, Json(faults_json(&shared.faults())))
+}
+
+/// `PUT /faults`: changes the random mix from the next request on.
+async fn change_faults(State(shared): State<Arc<Shared>>, body: Bytes) -> Answer {
+    let change: FaultChange = match serde_json::from_slice(&body) {
+        Ok(change) => change,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, &format!("invalid change of faults: {e}")),
+    };
+    let mut faults = shared.faults.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    match change.apply(&faults) {
+        Ok(changed) => {
+            *faults = changed;
+            (StatusCode::OK, Json(faults_json(&faults)))
+        }
+        Err(e) => refuse(StatusCode::BAD_REQUEST, &e),
     }
 }
 
@@ -694,6 +790,11 @@ mod tests {
 
         async fn get(&self, path: &str) -> Value {
             self.http.get(format!("{}{path}", self.url)).send().await.unwrap().json().await.unwrap()
+        }
+
+        async fn put(&self, path: &str, body: &str) -> (u16, Value) {
+            let response = self.http.put(format!("{}{path}", self.url)).body(body.to_owned()).send().await.unwrap();
+            (response.status().as_u16(), response.json().await.unwrap())
         }
 
         async fn put_script(&self, order: &str, script: &str) -> u16 {
@@ -1019,5 +1120,51 @@ mod tests {
         ]);
         assert_eq!(client.get("/ledger").await, expected);
         assert_eq!(client.get("/requests").await, json!({ "201": 2, "409": 1 }));
+    }
+
+    #[tokio::test]
+    async fn an_outage_is_switched_on_and_off_over_http() {
+        let provider = FakeProvider::start(Faults::default()).await;
+        let client = Client::of(&provider);
+        let cases: &[(&str, u16, &[u16])] = &[
+            ("on", 200, &[503, 503]),
+            ("off", 200, &[201]),
+            ("true", 200, &[503]),
+            ("false\n", 200, &[201]),
+            ("maybe", 400, &[201]),
+        ];
+        for (i, (body, status, charges)) in cases.iter().enumerate() {
+            assert_eq!(client.put("/outage", body).await.0, *status, "{body}");
+            for (j, expected) in charges.iter().enumerate() {
+                assert_eq!(client.charge(&format!("o-{i}-{j}")).await.unwrap(), *expected, "{body}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_mix_of_faults_changes_over_http_and_stays_valid() {
+        let provider = FakeProvider::start(Faults::default()).await;
+        let client = Client::of(&provider);
+        assert_eq!(client.charge("before").await.unwrap(), 201);
+        let cases = [
+            (r#"{"permanent_pct": 100}"#, 200, 100, 0),
+            (r#"{"transient_pct": 50}"#, 400, 100, 0),
+            (r#"{"permanent_pct": 0, "transient_pct": 30, "latency_ms": 5}"#, 200, 0, 30),
+            (r#"{"typo_pct": 1}"#, 400, 0, 30),
+            ("nonsense", 400, 0, 30),
+        ];
+        for (change, status, permanent, transient) in cases {
+            assert_eq!(client.put("/faults", change).await.0, status, "{change}");
+            let now = client.get("/faults").await;
+            assert_eq!(
+                (now["permanent_pct"].as_u64(), now["transient_pct"].as_u64()),
+                (Some(permanent), Some(transient))
+            );
+            assert_eq!(provider.faults().permanent_pct, permanent as u8);
+        }
+        assert_eq!(provider.faults().latency, Duration::from_millis(5));
+        // The random mix, changed, applies from the next order on.
+        client.put("/faults", r#"{"permanent_pct": 100, "transient_pct": 0}"#).await;
+        assert_eq!(client.charge("after").await.unwrap(), 400);
     }
 }

@@ -317,7 +317,7 @@ impl Broker {
     }
 
     /// Records this broker for later `status`, `down` and test runs.
-    fn save(&self) -> anyhow::Result<()> {
+    pub(crate) fn save(&self) -> anyhow::Result<()> {
         let mut text = String::new();
         writeln!(text, "kind={}\naddr={}", self.kind.name(), self.addr)?;
         if let Some(control) = &self.control {

@@ -576,6 +576,7 @@ pub(crate) fn ci() -> anyhow::Result<()> {
     run(cargo_in_root().args(["test", "--workspace"]))?;
     fuzz(CI_FUZZ_CASES)?;
     integration(BrokerChoice::All, &[])?;
+    crate::stack::rehearse()?;
     eprintln!("ci: all checks passed");
     Ok(())
 }

@@ -22,6 +22,7 @@ mod process;
 mod python;
 mod side_by_side;
 mod spring;
+mod stack;
 mod tls;
 
 use clap::{Parser, Subcommand};
@@ -40,6 +41,14 @@ enum Command {
         #[command(subcommand)]
         action: broker::Action,
     },
+    /// A local stack for trying the service by hand: a broker, the ladder's
+    /// topics, the fake billing provider and an operators' token; prints
+    /// how to run billing-bin against it.
+    Up(stack::UpArgs),
+    /// Stop what `up` started.
+    Down,
+    /// Produce sample OrderConfirmed events to the stack of `up`.
+    Orders(stack::OrdersArgs),
     /// Start a broker, run the integration tests against it, stop it.
     ///
     /// With KAFKA_RETRY_BROKERS set, uses that broker instead and starts none
@@ -81,6 +90,9 @@ fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Command::Broker { action } => broker::run(action),
+        Command::Up(args) => stack::up(&args),
+        Command::Down => stack::down(),
+        Command::Orders(args) => stack::orders(&args),
         Command::Integration { broker, test_args } => ci::integration(broker, &test_args),
         Command::Bench(args) => bench::bench(&args),
         Command::Demo(args) => demo::demo(&args),

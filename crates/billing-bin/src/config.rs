@@ -33,6 +33,11 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Consume, charge, retry (the default).
     Run(Box<RunArgs>),
+    /// Check the settings `run` reads before the first event: one line per
+    /// check (configuration, each broker, TLS and SASL, the ladder's
+    /// topics, the consumer groups, the provider, the operators' token),
+    /// each failure with what to do. Exit 0 when all pass, 1 otherwise.
+    Check(Box<CheckArgs>),
     /// Create or check the topics of the retry ladder.
     Topics {
         #[command(subcommand)]
@@ -52,6 +57,18 @@ pub(crate) enum Command {
         #[command(subcommand)]
         action: OffsetsAction,
     },
+}
+
+/// Settings of `check`: those of `run`, which it checks.
+#[derive(Args)]
+pub(crate) struct CheckArgs {
+    /// The settings `run` would run with.
+    #[command(flatten)]
+    pub(crate) run: RunArgs,
+    /// Print the report as JSON (`{"passed": .., "checks": [{"name",
+    /// "status": "pass|fail|skip", "detail", "next_step"}]}`).
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 /// What `offsets` does.
@@ -523,7 +540,11 @@ impl RunArgs {
 
     pub(crate) fn provider(&self) -> Result<billing::ProviderConfig, Failure> {
         let url = self.provider_url.as_deref().filter(|u| !u.trim().is_empty()).ok_or_else(|| {
-            Failure::Config("BILLING_PROVIDER_URL (or --provider-url) is required, e.g. http://127.0.0.1:9000".into())
+            Failure::Config(
+                "BILLING_PROVIDER_URL (or --provider-url) is required, e.g. http://127.0.0.1:9000; to try the \
+                 service with a fake provider and a local broker, run `cargo xtask up`, which prints the settings"
+                    .into(),
+            )
         })?;
         Ok(billing::ProviderConfig {
             base_url: url.to_owned(),
@@ -587,11 +608,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// Logs to stderr, `info` and up (rskafka's connection chatter from `warn`)
-/// unless `RUST_LOG` says otherwise.
+/// Logs to stderr, `info` and up unless `RUST_LOG` says otherwise; the
+/// client library beneath only from `error`: its connection attempts are
+/// retried and reported by the service, in one line with what to do
+/// (`RUST_LOG=debug` shows every step).
 pub(crate) fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rskafka=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rskafka=error"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Pretty => builder.init(),

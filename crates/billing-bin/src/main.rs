@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! billing-bin [run]          consume orders.confirmed and its retry rungs, charge, serve /healthz and /readyz
+//! billing-bin check          a preflight of run's settings: config, brokers, security, topics, groups, provider, token
 //! billing-bin topics create  create the topics of the ladder (never auto-created)
 //! billing-bin topics verify  check that they exist with enough partitions
 //! billing-bin dlq list|show|replay|ack   the operators' API of a running service
@@ -15,6 +16,7 @@
 //! cannot run (broker unreachable, topics missing), 2 for invalid configuration.
 
 mod admin;
+mod check;
 mod config;
 mod dlq_cli;
 mod failure;
@@ -36,7 +38,8 @@ use crate::{
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    config::init_logging(cli.kafka.log_format);
+    let log_format = cli.kafka.log_format;
+    config::init_logging(log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         match cli.command {
             None => run(&cli.kafka, &cli.run).await,
             Some(Command::Run(args)) => run(&cli.kafka, &args).await,
+            Some(Command::Check(args)) => check::check(&cli.kafka, &args).await,
             Some(Command::Topics { action: TopicsAction::Create(args) }) => create_topics(&cli.kafka, &args).await,
             Some(Command::Topics { action: TopicsAction::Verify }) => verify_topics(&cli.kafka).await,
             Some(Command::Dlq(args)) => dlq_cli::run(&cli.kafka, &args).await,
@@ -62,10 +66,15 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Err(Failure::Runtime(message)) => {
-            error!("{message}");
+            // A log collector gets the reason as a record; a person reads
+            // it once, on the last line.
+            if matches!(log_format, config::LogFormat::Json) {
+                error!("{message}");
+            }
             eprintln!("error: {message}");
             ExitCode::FAILURE
         }
+        Err(Failure::Reported) => ExitCode::FAILURE,
     }
 }
 

@@ -43,6 +43,15 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "billing-idempotency-key";
 /// change of `BILLING_CURRENCIES` meanwhile cannot move it to another.
 pub const CURRENCY_HEADER: &str = "billing-currency";
 
+/// What the provider answered to [`ChargeHandler::probe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProviderAnswer {
+    /// The HTTP status: 404 as the contract has it for an unknown charge.
+    pub status: u16,
+    /// How long the answer took.
+    pub took: Duration,
+}
+
 /// What a confirmed charge turned out to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ChargeOutcome {
@@ -155,6 +164,21 @@ impl ChargeHandler {
     /// The business rules it charges under.
     pub fn rules(&self) -> &ChargeRules {
         &self.rules
+    }
+
+    /// Asks the provider about a charge that cannot exist (`GET
+    /// <base_url>/charges/<a fresh uuid>`): a request that charges nothing,
+    /// for preflight checks. The contract answers it 404; the answer's
+    /// status comes back whatever it is, and only a request without an
+    /// answer (unreachable, timed out) is an error.
+    pub async fn probe(&self) -> Result<ProviderAnswer> {
+        let mut url = self.charges_url.clone();
+        url.path_segments_mut().expect("the charges URL is a base URL").push(&Uuid::new_v4().to_string());
+        let started = std::time::Instant::now();
+        match self.client.get(url.clone()).send().await {
+            Ok(response) => Ok(ProviderAnswer { status: response.status().as_u16(), took: started.elapsed() }),
+            Err(error) => Err(self.request_error(error, "GET", &url)),
+        }
     }
 
     /// Charges `event.total_amount` for `event.order_id`, once per order

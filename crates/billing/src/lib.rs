@@ -44,7 +44,8 @@ mod error;
 mod event;
 
 pub use charge::{
-    ChargeHandler, ChargeOutcome, ProviderConfig, CURRENCY_HEADER, IDEMPOTENCY_KEY_HEADER, MAX_ERROR_BODY_BYTES,
+    ChargeHandler, ChargeOutcome, ProviderAnswer, ProviderConfig, CURRENCY_HEADER, IDEMPOTENCY_KEY_HEADER,
+    MAX_ERROR_BODY_BYTES,
 };
 pub use currency::{ChargeRules, Currency, MaxAmount, Money, RuleBroken};
 pub use error::{Error, Result};

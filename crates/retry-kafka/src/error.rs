@@ -180,6 +180,72 @@ impl Error {
         }
     }
 
+    /// The innermost cause, for a summary that comes to the point: beneath
+    /// the client library's retries, `Connection refused (os error 111)`.
+    /// The whole chain is the error's `Display` and its sources.
+    ///
+    /// ```
+    /// use retry_kafka::Error;
+    ///
+    /// let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+    /// let error = Error::Connect { addr: "127.0.0.1:9092".into(), source: refused };
+    /// assert_eq!(error.root_cause(), "connection refused");
+    /// ```
+    pub fn root_cause(&self) -> String {
+        let mut cause: &dyn std::error::Error = self;
+        while let Some(next) = cause.source() {
+            cause = next;
+        }
+        let text = cause.to_string();
+        match self {
+            // rskafka's chain of errors ends in its retry error, which
+            // writes its cause into its message ("Retry exceeded deadline.
+            // Source: error connecting to broker ...: IO Error: Connection
+            // refused"): the root is the last part of it.
+            Error::Client { .. } => {
+                let inner = text.rsplit("Source: ").next().unwrap_or(&text);
+                inner.rsplit(": ").next().unwrap_or(inner).to_owned()
+            }
+            _ => text,
+        }
+    }
+
+    /// The error in a line that comes to the point: the client library's
+    /// chain of retries and wrappers replaced by its root cause
+    /// (`connecting to 127.0.0.1:9092: Connection refused (os error
+    /// 111)`); other errors as they display.
+    pub fn summary(&self) -> String {
+        match self {
+            Error::Client { what, .. } => format!("{what}: {}", self.root_cause()),
+            other => other.to_string(),
+        }
+    }
+
+    /// Whether no broker could be reached at all: refused or timed-out
+    /// connections, names that do not resolve. Not a refusal by a broker
+    /// that answered (credentials, TLS, versions).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::Timeout { api: "connect", .. } => true,
+            // rskafka's chain of errors is broken where it retried: its
+            // message says whether the connection itself failed.
+            Error::Client { source, .. } => {
+                let text = source.to_string();
+                text.contains("error connecting to broker")
+                    && [
+                        "Connection refused",
+                        "failed to lookup address",
+                        "No route to host",
+                        "Network is unreachable",
+                        "timed out",
+                    ]
+                    .iter()
+                    .any(|cause| text.contains(cause))
+            }
+            _ => false,
+        }
+    }
+
     /// The broker error code, if the broker answered with one.
     pub fn broker_error(&self) -> Option<BrokerError> {
         match self {
@@ -380,6 +446,57 @@ mod tests {
         ];
         for (error, passes, reconnect) in table {
             assert_eq!((error.passes(), error.needs_reconnect()), (passes, reconnect), "{error}");
+        }
+    }
+
+    #[test]
+    fn summaries_come_to_the_root_cause_and_tell_an_unreachable_cluster() {
+        let client = |what: &str, text: &str| Error::Client {
+            what: what.into(),
+            source: ClientError::new(std::io::Error::other(text.to_owned())),
+        };
+        let refused =
+            "all retries failed: Retry exceeded deadline. Source: error connecting to broker \"127.0.0.1:9092\": \
+                       IO Error: Connection refused (os error 111)";
+        let unknown =
+            "all retries failed: Retry exceeded deadline. Source: error connecting to broker \"kafka-9:9092\": \
+                       IO Error: failed to lookup address information: Name or service not known";
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
+        // (error, its summary, unreachable)
+        let table = [
+            (
+                client("connecting to 127.0.0.1:9092", refused),
+                "connecting to 127.0.0.1:9092: Connection refused (os error 111)",
+                true,
+            ),
+            (
+                client("connecting to kafka-9:9092", unknown),
+                "connecting to kafka-9:9092: Name or service not known",
+                true,
+            ),
+            (
+                client("listing topics", "Server error: LEADER_NOT_AVAILABLE"),
+                "listing topics: LEADER_NOT_AVAILABLE",
+                false,
+            ),
+            (
+                Error::Connect { addr: "b:9092".into(), source: io },
+                "cannot connect to the Kafka broker at b:9092: Connection refused (os error 111)",
+                true,
+            ),
+            (
+                Error::Timeout { addr: "b:9092".into(), api: "connect", timeout: Duration::from_secs(1) },
+                "connect to b:9092 got no answer within 1s",
+                true,
+            ),
+            (
+                Error::Tls { addr: "b:9093".into(), reason: "untrusted".into() },
+                "TLS with b:9093 failed: untrusted",
+                false,
+            ),
+        ];
+        for (error, summary, unreachable) in table {
+            assert_eq!((error.summary().as_str(), error.is_unreachable()), (summary, unreachable), "{error}");
         }
     }
 }

@@ -66,6 +66,7 @@ mod connection;
 mod consumer;
 mod error;
 mod metrics;
+mod preflight;
 mod protocol;
 mod publisher;
 mod session;
@@ -93,6 +94,7 @@ pub use consumer::{
 };
 pub use error::{BrokerError, ClientError, Error, Result, TlsFile, TopicProblem, TopicProblems};
 pub use metrics::MetricsExposition;
+pub use preflight::{contact_brokers, BrokerContact, Found, RequestSupport};
 /// The handler contract, defined in [`retry_core`] so that a service's
 /// domain code needs no transport.
 #[doc(no_inline)]

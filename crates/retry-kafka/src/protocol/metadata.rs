@@ -47,3 +47,12 @@ pub(crate) async fn leader_of(config: &ConnectionConfig, topic: &str, partition:
         reason: format!("no leader known for {topic}/{partition}"),
     })
 }
+
+/// The brokers of the cluster as `conn`'s broker advertises them
+/// (`node id`, `host:port`): where clients go after bootstrapping.
+pub(crate) async fn advertised(conn: &mut Connection) -> Result<Vec<(i32, String)>> {
+    // No topics asked: an empty list, not null (null asks for every topic).
+    let request = MetadataRequest::default().with_topics(Some(Vec::new())).with_allow_auto_topic_creation(false);
+    let (response, _) = conn.send(&request).await?;
+    Ok(response.brokers.iter().map(|b| (b.node_id.0, format!("{}:{}", b.host, b.port))).collect())
+}

@@ -90,6 +90,41 @@ pub(crate) fn highest_implemented(key: ApiKey) -> i16 {
     }
 }
 
+/// The requests this crate sends on connections of its own, each with
+/// what needs it.
+pub(crate) const SENT: &[(ApiKey, Purpose)] = &[
+    (ApiKey::Metadata, Purpose::Always),
+    (ApiKey::Produce, Purpose::Always),
+    (ApiKey::Fetch, Purpose::Always),
+    (ApiKey::FindCoordinator, Purpose::Always),
+    (ApiKey::OffsetFetch, Purpose::Always),
+    (ApiKey::OffsetCommit, Purpose::Always),
+    (ApiKey::JoinGroup, Purpose::ClassicGroups),
+    (ApiKey::SyncGroup, Purpose::ClassicGroups),
+    (ApiKey::Heartbeat, Purpose::ClassicGroups),
+    (ApiKey::LeaveGroup, Purpose::ClassicGroups),
+    (ApiKey::DescribeGroups, Purpose::ClassicGroups),
+    (ApiKey::ConsumerGroupHeartbeat, Purpose::ConsumerGroups),
+    (ApiKey::ConsumerGroupDescribe, Purpose::ConsumerGroups),
+    (ApiKey::InitProducerId, Purpose::IdempotentProduce),
+    (ApiKey::CreateTopics, Purpose::TopicCreation),
+];
+
+/// What a request is needed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// Every listener sends it.
+    Always,
+    /// Listeners on the classic group protocol.
+    ClassicGroups,
+    /// Listeners on the consumer group protocol (KIP-848).
+    ConsumerGroups,
+    /// The idempotent producer of republications, where the broker has one.
+    IdempotentProduce,
+    /// `topics create`.
+    TopicCreation,
+}
+
 /// The name of a request type, for messages.
 pub(crate) fn api_name<R: Request>() -> &'static str {
     match ApiKey::try_from(R::KEY) {
@@ -302,6 +337,22 @@ impl Connection {
     /// How long one request may take.
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The version of each request of [`SENT`] this connection would use:
+    /// the highest both we and the broker support; `None` where there is none.
+    pub(crate) fn negotiated(&self) -> Vec<(&'static str, Purpose, Option<i16>)> {
+        SENT.iter()
+            .map(|&(key, purpose)| {
+                let ours = key.valid_versions();
+                let ours = VersionRange { min: ours.min, max: highest_implemented(key).min(ours.max) };
+                let version = self.versions.get(&(key as i16)).and_then(|&(their_min, their_max)| {
+                    let version = ours.max.min(their_max);
+                    (version >= ours.min && version >= their_min).then_some(version)
+                });
+                (api_key_name(key), purpose, version)
+            })
+            .collect()
     }
 
     /// The version of `R` to use: the highest that both we and the broker support.

@@ -1,0 +1,203 @@
+//! `billing-bin check`, the preflight: with good settings every check
+//! passes (exit 0), and each kind of wrong setting fails its own check,
+//! with what to do next, and exit 1. Checked through `--json`, so the
+//! assertions read which check said what; one test reads the text.
+
+use integration::fake_provider::{FakeProvider, Faults};
+use serde_json::Value;
+
+use crate::billing::Setup;
+
+/// A fresh ladder with its topics, a provider and a token file.
+struct Checked {
+    setup: Setup,
+    provider: FakeProvider,
+    token: std::path::PathBuf,
+}
+
+impl Checked {
+    async fn new(name: &str) -> Checked {
+        let setup = Setup::new(name);
+        setup.create_topics().await;
+        let token = std::env::temp_dir().join(format!("{}-token", setup.topic));
+        std::fs::write(&token, "a-token-of-thirty-two-characters\n").unwrap();
+        Checked { setup, provider: FakeProvider::start(Faults::default()).await, token }
+    }
+
+    /// Runs `billing-bin check --json` with `env` over the good settings:
+    /// its exit code and report.
+    async fn check(&self, env: &[(&str, &str)]) -> (i32, Value) {
+        let url = self.provider.url();
+        let token = self.token.display().to_string();
+        let mut all = vec![("BILLING_PROVIDER_URL", url.as_str()), ("ADMIN_TOKEN_FILE", token.as_str())];
+        all.extend_from_slice(env);
+        let (code, stdout, stderr) = self.setup.run(&["check", "--json"], &all).await;
+        let report: Value =
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not a JSON report ({e}):\n{stdout}\n{stderr}"));
+        (code, report)
+    }
+}
+
+/// The check named `name` (or starting so), e.g. `broker 127.0.0.1:1`.
+fn named<'a>(report: &'a Value, name: &str) -> &'a Value {
+    let checks = report["checks"].as_array().expect("a list of checks");
+    checks
+        .iter()
+        .find(|c| c["name"].as_str().is_some_and(|n| n.starts_with(name)))
+        .unwrap_or_else(|| panic!("no check {name:?} in {report:#}"))
+}
+
+/// Asserts that check `name` has `status` and that its next step holds `words`.
+fn assert_check(report: &Value, name: &str, status: &str, words: &str) {
+    let check = named(report, name);
+    assert_eq!(check["status"], status, "{report:#}");
+    if status == "fail" {
+        let text = format!("{} {}", check["detail"], check["next_step"]);
+        assert!(text.contains(words), "{name}: {words:?} not in {check:#}");
+    }
+}
+
+#[tokio::test]
+async fn every_check_passes_with_good_settings() {
+    let checked = Checked::new("check-good").await;
+    let (code, report) = checked.check(&[]).await;
+    assert_eq!((code, &report["passed"]), (0, &Value::Bool(true)), "{report:#}");
+    for name in ["configuration", "broker ", "security", "topics", "consumer groups", "provider", "operators' token"] {
+        assert_check(&report, name, "pass", "");
+    }
+    // The versions it will speak, from the broker's ApiVersions.
+    let broker = named(&report, "broker ")["detail"].as_str().unwrap();
+    assert!(broker.contains("Fetch v") && broker.contains("OffsetCommit v"), "{broker}");
+    let topics = named(&report, "topics")["detail"].as_str().unwrap();
+    assert!(topics.contains(&format!("{}.dlq", checked.setup.topic)), "{topics}");
+}
+
+#[tokio::test]
+async fn the_text_report_is_a_line_per_check_with_what_to_do() {
+    let checked = Checked::new("check-text").await;
+    let url = checked.provider.url();
+    let (code, stdout, _) = checked
+        .setup
+        .run(&["check"], &[("BILLING_PROVIDER_URL", &url), ("BILLING_TOPIC", "check-text-no-such-topic")])
+        .await;
+    assert_eq!(code, 1, "{stdout}");
+    let topics = stdout.lines().position(|l| l.starts_with("FAIL  topics")).unwrap_or_else(|| panic!("{stdout}"));
+    let next = stdout.lines().nth(topics + 1).unwrap();
+    assert!(next.trim_start().starts_with("-> ") && next.contains("billing-bin topics create"), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("ok    configuration")), "{stdout}");
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("1 of ") && last.ends_with(" checks did not pass"), "{stdout}");
+}
+
+#[tokio::test]
+async fn an_unreachable_broker_fails_its_check_and_the_others_still_run() {
+    let checked = Checked::new("check-unreachable").await;
+    let dead = format!("127.0.0.1:{}", free_port());
+    // One dead broker among the good ones: reported, and the rest checked.
+    let brokers = format!("{dead},{}", integration::broker_addr());
+    let (code, report) = checked.check(&[("KAFKA_BROKERS", &brokers)]).await;
+    assert_eq!(code, 1, "{report:#}");
+    assert_check(&report, &format!("broker {dead}"), "fail", "cargo xtask up");
+    assert_check(&report, "topics", "pass", "");
+    // Only dead brokers: what needs one is skipped, saying why.
+    let (code, report) = checked.check(&[("KAFKA_BROKERS", &dead)]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, &format!("broker {dead}"), "fail", "KAFKA_BROKERS");
+    assert_check(&report, "topics", "skip", "");
+    assert_check(&report, "consumer groups", "skip", "");
+    assert_check(&report, "provider", "pass", "");
+}
+
+#[tokio::test]
+async fn missing_topics_are_named_with_the_command_that_creates_them() {
+    let checked = Checked::new("check-topics").await;
+    let (code, report) = checked.check(&[("BILLING_TOPIC", "check-topics-never-created")]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, "topics", "fail", "check-topics-never-created.retry-200ms is missing");
+    assert_check(&report, "topics", "fail", "billing-bin topics create");
+    assert_check(&report, "broker ", "pass", "");
+}
+
+#[tokio::test]
+async fn a_provider_that_is_down_or_unreachable_fails_its_check() {
+    let checked = Checked::new("check-provider").await;
+    checked.provider.set_down(true);
+    let (code, report) = checked.check(&[]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, "provider", "fail", "answers 503");
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let (code, report) = checked.check(&[("BILLING_PROVIDER_URL", &nowhere)]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, "provider", "fail", "cargo xtask up");
+    // Not the provider's API: every charge would be refused.
+    let (_, report) = checked.check(&[("BILLING_PROVIDER_URL", &format!("{}/ledger", checked.provider.url()))]).await;
+    assert_check(&report, "provider", "fail", "BILLING_PROVIDER_URL");
+}
+
+#[tokio::test]
+async fn invalid_settings_and_an_unreadable_token_fail_their_checks() {
+    let checked = Checked::new("check-config").await;
+    let (code, report) = checked.check(&[("BILLING_BRAKE", "sometimes"), ("BILLING_CURRENCIES", "EUR,XXQ")]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, "configuration", "fail", "BILLING_BRAKE");
+    assert_check(&report, "configuration", "fail", "BILLING_CURRENCIES");
+    assert_check(&report, "configuration", "fail", "billing-bin --help");
+    // The Kafka settings are fine: the cluster is still checked.
+    assert_check(&report, "topics", "pass", "");
+    let (_, report) = checked.check(&[("KAFKA_SECURITY_PROTOCOL", "SMOKE_SIGNALS")]).await;
+    assert_check(&report, "configuration", "fail", "KAFKA_SECURITY_PROTOCOL");
+    assert_check(&report, "brokers", "skip", "");
+    let (code, report) = checked.check(&[("ADMIN_TOKEN_FILE", "/nonexistent/token")]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, "operators' token", "fail", "/nonexistent/token");
+    let short = std::env::temp_dir().join(format!("{}-short-token", checked.setup.topic));
+    std::fs::write(&short, "short").unwrap();
+    let (_, report) = checked.check(&[("ADMIN_TOKEN_FILE", &short.display().to_string())]).await;
+    assert_check(&report, "operators' token", "fail", "16 characters");
+}
+
+/// Where the broker lacks the consumer group protocol (tansu), asking for
+/// it fails the broker's check naming the request.
+#[tokio::test]
+async fn the_consumer_group_protocol_is_checked_against_the_broker() {
+    let checked = Checked::new("check-protocol").await;
+    let (code, report) = checked.check(&[("KAFKA_GROUP_PROTOCOL", "consumer")]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, "broker ", "fail", "lacks ConsumerGroupHeartbeat");
+    assert_check(&report, "broker ", "fail", "KAFKA_GROUP_PROTOCOL=classic");
+}
+
+/// Against a broker that requires SASL: a wrong password fails the
+/// brokers' and the security checks, never showing the password.
+#[tokio::test]
+async fn a_wrong_password_fails_the_security_check_without_showing_it() {
+    let checked = Checked::new("check-sasl").await;
+    let wrong = "check-not-the-password-0815";
+    let (code, report) = checked.check(&[("KAFKA_SASL_PASSWORD", wrong)]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, "security", "fail", "KAFKA_SASL_USERNAME");
+    assert_check(&report, "broker ", "fail", "wrong user name or password");
+    assert!(!report.to_string().contains(wrong), "{report:#}");
+}
+
+/// Against a broker behind TLS: an untrusted CA and a plaintext client
+/// fail with what to set.
+#[tokio::test]
+async fn a_wrong_ca_or_no_tls_fails_with_the_setting_to_fix() {
+    let checked = Checked::new("check-tls").await;
+    let stranger = rcgen::generate_simple_self_signed(vec!["stranger.example".into()]).unwrap();
+    let ca = std::env::temp_dir().join(format!("{}-stranger-ca.pem", checked.setup.topic));
+    std::fs::write(&ca, stranger.cert.pem()).unwrap();
+    let (code, report) = checked.check(&[("KAFKA_SSL_CA_LOCATION", &ca.display().to_string())]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, "security", "fail", "KAFKA_SSL_CA_LOCATION");
+    assert_check(&report, "broker ", "fail", "TLS");
+    let plaintext = if integration::security().sasl().is_some() { "SASL_PLAINTEXT" } else { "PLAINTEXT" };
+    let (code, report) = checked.check(&[("KAFKA_SECURITY_PROTOCOL", plaintext)]).await;
+    assert_eq!(code, 1);
+    assert_check(&report, "broker ", "fail", "KAFKA_SECURITY_PROTOCOL");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
