@@ -69,7 +69,7 @@ async fn every_check_passes_with_good_settings() {
     let broker = named(&report, "broker ")["detail"].as_str().unwrap();
     assert!(broker.contains("Fetch v") && broker.contains("OffsetCommit v"), "{broker}");
     let topics = named(&report, "topics")["detail"].as_str().unwrap();
-    assert!(topics.contains(&format!("{}.dlq", checked.setup.topic)), "{topics}");
+    assert!(topics.contains(checked.setup.topology().dead_letter_topic().as_str()), "{topics}");
 }
 
 #[tokio::test]
@@ -129,8 +129,21 @@ async fn a_provider_that_is_down_or_unreachable_fails_its_check() {
     let (code, report) = checked.check(&[("BILLING_PROVIDER_URL", &nowhere)]).await;
     assert_eq!(code, 1);
     assert_check(&report, "provider", "fail", "cargo xtask up");
-    // Not the provider's API: every charge would be refused.
-    let (_, report) = checked.check(&[("BILLING_PROVIDER_URL", &format!("{}/ledger", checked.provider.url()))]).await;
+    // A server that refuses every request (401: it wants credentials the
+    // service does not send): every charge would be refused.
+    let refusing = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", refusing.local_addr().unwrap());
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut stream, _)) = refusing.accept().await {
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request).await;
+            let _ =
+                stream.write_all(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+        }
+    });
+    let (_, report) = checked.check(&[("BILLING_PROVIDER_URL", &url)]).await;
+    assert_check(&report, "provider", "fail", "answers 401");
     assert_check(&report, "provider", "fail", "BILLING_PROVIDER_URL");
 }
 

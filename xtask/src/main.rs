@@ -49,6 +49,9 @@ enum Command {
     Down,
     /// Produce sample OrderConfirmed events to the stack of `up`.
     Orders(stack::OrdersArgs),
+    /// The README's quick start, rehearsed: up, check, run, orders, every
+    /// order charged once, down (a part of `ci`).
+    QuickStart,
     /// Start a broker, run the integration tests against it, stop it.
     ///
     /// With KAFKA_RETRY_BROKERS set, uses that broker instead and starts none
@@ -93,6 +96,7 @@ fn main() -> std::process::ExitCode {
         Command::Up(args) => stack::up(&args),
         Command::Down => stack::down(),
         Command::Orders(args) => stack::orders(&args),
+        Command::QuickStart => stack::rehearse(),
         Command::Integration { broker, test_args } => ci::integration(broker, &test_args),
         Command::Bench(args) => bench::bench(&args),
         Command::Demo(args) => demo::demo(&args),

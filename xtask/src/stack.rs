@@ -153,22 +153,26 @@ impl Stack {
     }
 
     fn print(&self) {
-        let env: String = self.env().iter().map(|(k, v)| format!("{k}={v} ")).collect();
+        // From the workspace root, where cargo runs; the file's values hold no spaces.
+        let env = format!("env $(cat {}) ", env_file().strip_prefix(workspace_root()).unwrap_or(&env_file()).display());
         let url = &self.provider_url;
         println!("\nthe local stack is up:");
         println!("  broker     {}", self.brokers);
         println!("  provider   {url} (the fake billing provider)");
         println!("  token      {} (the operators' token)", token_file().display());
-        println!("  settings   {}", env_file().display());
+        println!("  settings   {}:", env_file().display());
+        for (name, value) in self.env() {
+            println!("               {name}={value}");
+        }
         println!("\nrun the service (in another terminal):");
-        println!("  env {env}cargo run -p billing-bin -- run");
+        println!("  {env}cargo run -p billing-bin -- run");
         println!("check its settings first, if you like:");
-        println!("  env {env}cargo run -p billing-bin -- check");
+        println!("  {env}cargo run -p billing-bin -- check");
         println!("produce orders:            cargo xtask orders 10");
         println!("what was charged:          curl -s {url}/ledger");
         println!("more faults:               curl -X PUT {url}/faults -d '{{\"transient_pct\": 50}}'");
         println!("a provider outage:         curl -X PUT {url}/outage -d on     (and -d off)");
-        println!("the dead letters:          env {env}cargo run -p billing-bin -- dlq list");
+        println!("the dead letters:          {env}cargo run -p billing-bin -- dlq list");
         println!("the operators' console:    http://{}/console (with the token above)", self.operator_listen);
         println!("the service's metrics:     curl -s http://{}/metrics", self.admin_listen);
         println!("stop it all:               cargo xtask down");

@@ -279,7 +279,7 @@ async fn cluster_checks(
     checks.push(match TopicPlan::new(topology.clone(), 1).verify(connection).await {
         Ok(()) => pass("topics", format!("{} exist with enough partitions", topics.join(", "))),
         Err(KafkaError::Topics(problems)) => {
-            let listed: Vec<String> = problems.0.iter().map(|p| topic_problem(p)).collect();
+            let listed: Vec<String> = problems.0.iter().map(topic_problem).collect();
             fail("topics", listed.join("; "), next_step(&KafkaError::Topics(problems)))
         }
         Err(e) => fail("topics", e.to_string(), next_step(&e)),
@@ -297,6 +297,11 @@ async fn cluster_checks(
         let mut offsets = GroupOffsets::new(connection.clone(), consumed.group);
         match offsets.state().await {
             Ok(state) => described.push(format!("{} {} ({} members)", consumed.group, state.state, state.members)),
+            // tansu's answer for a group nobody joined yet (Kafka says Dead):
+            // a new deployment's, made on the first join.
+            Err(e) if e.broker_error().is_some_and(|b| b.name() == "GROUP_ID_NOT_FOUND") => {
+                described.push(format!("{} new (no member yet)", consumed.group))
+            }
             Err(e) => {
                 checks.push(fail("consumer groups", format!("{}: {e}", consumed.group), next_step(&e)));
                 return;
@@ -362,7 +367,10 @@ async fn provider_check(handler: &billing::ChargeHandler) -> Check {
     match handler.probe().await {
         Ok(answer) if answer.status == 404 => pass(
             name,
-            format!("{url} answers (404 for a charge that cannot exist, as the contract has it, in {:?})", answer.took),
+            format!(
+                "{url} answers (404 for a charge that cannot exist, as the contract has it, in {:.1} ms)",
+                answer.took.as_secs_f64() * 1000.0
+            ),
         ),
         Ok(answer) if (200..300).contains(&answer.status) => fail(
             name,
