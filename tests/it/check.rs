@@ -205,9 +205,15 @@ async fn a_wrong_ca_or_no_tls_fails_with_the_setting_to_fix() {
     assert_eq!(code, 1);
     assert_check(&report, "security", "fail", "KAFKA_SSL_CA_LOCATION");
     assert_check(&report, "broker ", "fail", "TLS");
+    // No TLS at all against the TLS listener (the TLS files left out, or
+    // the configuration check refuses them with a plaintext protocol).
     let plaintext = if integration::security().sasl().is_some() { "SASL_PLAINTEXT" } else { "PLAINTEXT" };
-    let (code, report) = checked.check(&[("KAFKA_SECURITY_PROTOCOL", plaintext)]).await;
-    assert_eq!(code, 1);
+    let tls_files = ["KAFKA_SSL_CA_LOCATION", "KAFKA_SSL_CERTIFICATE_LOCATION", "KAFKA_SSL_KEY_LOCATION"];
+    let run =
+        crate::support::billing_bin(&["check", "--json"], &[("KAFKA_SECURITY_PROTOCOL", plaintext)], &tls_files).await;
+    let report: Value = serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {run:?}"));
+    assert_eq!(run.code, Some(1));
+    assert_check(&report, "configuration", "fail", "BILLING_PROVIDER_URL");
     assert_check(&report, "broker ", "fail", "KAFKA_SECURITY_PROTOCOL");
 }
 
