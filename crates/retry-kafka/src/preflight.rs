@@ -56,8 +56,9 @@ pub struct RequestSupport {
     /// The version both sides support, the highest; `None` when there is none.
     pub version: Option<i16>,
     /// Whether listeners of the group protocol asked about need it (the
-    /// idempotent producer and topic creation are optional: without them,
-    /// republication is not idempotent, and topics are created elsewhere).
+    /// idempotent producer, topic creation and group descriptions are
+    /// optional: without them, republication is not idempotent, topics are
+    /// created elsewhere, and tools cannot show a group's state).
     pub needed: bool,
 }
 
@@ -140,9 +141,14 @@ fn needed(purpose: Purpose, protocol: GroupProtocol) -> bool {
         (Purpose::Always, _) => true,
         (Purpose::ClassicGroups, GroupProtocol::Classic) => true,
         (Purpose::ConsumerGroups, GroupProtocol::Consumer) => true,
-        (Purpose::ClassicGroups | Purpose::ConsumerGroups | Purpose::IdempotentProduce | Purpose::TopicCreation, _) => {
-            false
-        }
+        (
+            Purpose::ClassicGroups
+            | Purpose::ConsumerGroups
+            | Purpose::IdempotentProduce
+            | Purpose::TopicCreation
+            | Purpose::GroupDescription,
+            _,
+        ) => false,
     }
 }
 
@@ -160,6 +166,7 @@ mod tests {
             (Purpose::ConsumerGroups, false, true),
             (Purpose::IdempotentProduce, false, false),
             (Purpose::TopicCreation, false, false),
+            (Purpose::GroupDescription, false, false),
         ];
         for (purpose, classic, consumer) in table {
             assert_eq!((needed(purpose, Classic), needed(purpose, Consumer)), (classic, consumer), "{purpose:?}");

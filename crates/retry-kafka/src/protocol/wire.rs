@@ -103,9 +103,9 @@ pub(crate) const SENT: &[(ApiKey, Purpose)] = &[
     (ApiKey::SyncGroup, Purpose::ClassicGroups),
     (ApiKey::Heartbeat, Purpose::ClassicGroups),
     (ApiKey::LeaveGroup, Purpose::ClassicGroups),
-    (ApiKey::DescribeGroups, Purpose::ClassicGroups),
+    (ApiKey::DescribeGroups, Purpose::GroupDescription),
     (ApiKey::ConsumerGroupHeartbeat, Purpose::ConsumerGroups),
-    (ApiKey::ConsumerGroupDescribe, Purpose::ConsumerGroups),
+    (ApiKey::ConsumerGroupDescribe, Purpose::GroupDescription),
     (ApiKey::InitProducerId, Purpose::IdempotentProduce),
     (ApiKey::CreateTopics, Purpose::TopicCreation),
 ];
@@ -123,6 +123,9 @@ pub(crate) enum Purpose {
     IdempotentProduce,
     /// `topics create`.
     TopicCreation,
+    /// Tools that show a group's state (operators, preflights); listeners
+    /// do without.
+    GroupDescription,
 }
 
 /// The name of a request type, for messages.
