@@ -103,13 +103,25 @@ impl TopicPlan {
         let specs: Vec<TopicSpec> =
             self.specs().into_iter().filter(|s| include_source || s.role != TopicRole::Source).collect();
         let outcome = create_topics(config, &specs).await?;
-        let cluster = Cluster::connect(config).await?;
         // A cluster answers CreateTopics once its controller created them;
-        // each broker learns of them a moment later, and the one a metadata
-        // request reaches may not know them yet.
+        // each broker learns of them a moment later, and the one a later
+        // metadata request reaches (a listener's start-up check) may not
+        // know them yet: wait until every bootstrap broker lists them.
         let created: Vec<&str> =
             outcome.iter().filter(|c| c.created == Created::Created).map(|c| c.topic.as_str()).collect();
-        wait_until_listed(&cluster, &created, config.request_timeout).await?;
+        if !created.is_empty() {
+            for broker in &config.bootstrap {
+                let one = ConnectionConfig { bootstrap: vec![broker.clone()], ..config.clone() };
+                match Cluster::connect(&one).await {
+                    Ok(cluster) => wait_until_listed(&cluster, &created, config.request_timeout).await?,
+                    // An unreachable bootstrap broker is not this call's to judge.
+                    Err(e) => {
+                        tracing::debug!(%broker, error = %e, "cannot ask this broker whether it lists the new topics")
+                    }
+                }
+            }
+        }
+        let cluster = Cluster::connect(config).await?;
         // Existing topics must still have the right shape.
         self.verify_with(&cluster).await?;
         Ok(outcome)

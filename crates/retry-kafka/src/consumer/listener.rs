@@ -75,6 +75,29 @@ impl std::fmt::Debug for Readiness {
     }
 }
 
+/// How long a listener's start-up check waits for topics the cluster does
+/// not list yet: just created, they reach every broker a moment after the
+/// controller answered CreateTopics.
+const NEW_TOPICS_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The start-up check of the ladder's topics: missing topics are looked for
+/// again for [`NEW_TOPICS_SETTLE`] (the broker asked may not know them yet);
+/// what is still wrong then, or wrong at once (too few partitions), fails.
+async fn verify_topics(cluster: &Cluster, plan: &TopicPlan) -> Result<()> {
+    let give_up = tokio::time::Instant::now() + NEW_TOPICS_SETTLE;
+    loop {
+        match plan.verify_with(cluster).await {
+            Err(crate::Error::Topics(problems))
+                if tokio::time::Instant::now() < give_up
+                    && problems.0.iter().all(|p| matches!(p, crate::TopicProblem::Missing { .. })) =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
 impl Listener {
     /// Connects, verifies that every topic of the ladder exists with enough
     /// partitions (refusing to start otherwise, naming each problem), and
@@ -82,7 +105,7 @@ impl Listener {
     pub async fn start<H: RecordHandler>(config: ListenerConfig, handler: Arc<H>) -> Result<Listener> {
         config.validate()?;
         let cluster = Arc::new(Cluster::connect(&config.connection).await?);
-        TopicPlan::new(config.policy.topology().clone(), 1).verify_with(&cluster).await?;
+        verify_topics(&cluster, &TopicPlan::new(config.policy.topology().clone(), 1)).await?;
         let stats = Arc::new(ListenerStats::default());
         let metrics = Metrics::new(stats.clone());
         let shared = Arc::new(Shared {
