@@ -243,7 +243,7 @@ async fn cluster_checks(
             }
             Err(e) => {
                 if matches!(e, KafkaError::Authentication { .. } | KafkaError::Tls { .. }) {
-                    security_failure.get_or_insert_with(|| e.to_string());
+                    security_failure.get_or_insert_with(|| (e.to_string(), next_step(e)));
                 }
                 let detail = match found {
                     Found::Advertised(_) if e.is_unreachable() => format!(
@@ -336,20 +336,15 @@ fn broker_detail(contact: &BrokerContact) -> String {
     format!("answers ApiVersions over {}; will speak {}", contact.security.name(), versions.join(", "))
 }
 
-fn security_check(connection: &retry_kafka::ConnectionConfig, reached: usize, failure: Option<String>) -> Check {
+/// The security line; `failure` is the first TLS or SASL refusal, with its next step.
+fn security_check(
+    connection: &retry_kafka::ConnectionConfig,
+    reached: usize,
+    failure: Option<(String, String)>,
+) -> Check {
     let protocol = connection.security().protocol();
     let sasl = connection.security().sasl().map(|c| format!("SASL {} as {}", c.mechanism.name(), c.username));
-    if let Some(failure) = failure {
-        let step = if failure.starts_with("TLS") {
-            next_step(&KafkaError::Tls { addr: String::new(), reason: String::new() })
-        } else {
-            next_step(&KafkaError::Authentication {
-                addr: String::new(),
-                mechanism: "",
-                username: String::new(),
-                reason: String::new(),
-            })
-        };
+    if let Some((failure, step)) = failure {
         return fail("security", failure, step);
     }
     if reached == 0 {
