@@ -57,6 +57,11 @@ const PRODUCE_BATCH: usize = 500;
 
 #[tokio::main]
 async fn main() {
+    // Quiet unless asked (RUST_LOG=warn shows why a scenario slowed); on
+    // stderr, beside the figures xtask reads from stdout.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG") {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| {
         args.get(i)
@@ -300,9 +305,11 @@ struct Bench {
     latency: Latency,
     handled: AtomicU64,
     first_handled: std::sync::OnceLock<Instant>,
-    /// How many calls make the scenario's records (one each without failures).
+    /// How many source records the scenario has.
     records: u64,
-    /// When the `records`-th call came.
+    /// Calls for source records (first attempts) that ended.
+    source_ended: AtomicU64,
+    /// When the last source record's call ended.
     all_handled: std::sync::OnceLock<Instant>,
 }
 
@@ -310,14 +317,15 @@ impl RecordHandler for Bench {
     async fn handle(&self, record: ConsumedRecord) -> Result<(), HandlerError> {
         self.first_handled.get_or_init(Instant::now);
         let n = self.handled.fetch_add(1, Relaxed);
-        if n + 1 == self.records {
-            self.all_handled.get_or_init(Instant::now);
-        }
         let latency = self.latency.of(n);
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        if record.attempt == 1 && (n * 7919) % 100 < self.failure_percent {
+        let source = record.attempt == 1;
+        if source && self.source_ended.fetch_add(1, Relaxed) + 1 == self.records {
+            self.all_handled.get_or_init(Instant::now);
+        }
+        if source && (n * 7919) % 100 < self.failure_percent {
             return Err(HandlerError::transient("benchmark failure"));
         }
         Ok(())
@@ -349,6 +357,7 @@ async fn pipeline(
         handled: AtomicU64::new(0),
         first_handled: std::sync::OnceLock::new(),
         records: (records / partitions as usize * partitions as usize) as u64,
+        source_ended: AtomicU64::new(0),
         all_handled: std::sync::OnceLock::new(),
     });
     let started = Instant::now();
@@ -368,7 +377,14 @@ async fn pipeline(
     }
     let first = *handler.first_handled.get().expect("records were handled");
     let elapsed = first.elapsed();
-    let all_handled = *handler.all_handled.get().expect("every record was handled");
+    let Some(&all_handled) = handler.all_handled.get() else {
+        panic!(
+            "the group committed every record, yet only {} of {} first calls ended ({} calls in all)",
+            handler.source_ended.load(Relaxed),
+            handler.records,
+            handler.handled.load(Relaxed)
+        )
+    };
     let join = first.duration_since(started);
     let stats = listener.stats().snapshot();
     listener.shutdown().await;

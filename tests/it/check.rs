@@ -17,8 +17,14 @@ struct Checked {
 
 impl Checked {
     async fn new(name: &str) -> Checked {
+        let checked = Checked::without_topics(name).await;
+        checked.setup.create_topics().await;
+        checked
+    }
+
+    /// The same, with no topic created.
+    async fn without_topics(name: &str) -> Checked {
         let setup = Setup::new(name);
-        setup.create_topics().await;
         let token = std::env::temp_dir().join(format!("{}-token", setup.topic));
         std::fs::write(&token, "a-token-of-thirty-two-characters\n").unwrap();
         Checked { setup, provider: FakeProvider::start(Faults::default()).await, token }
@@ -118,6 +124,31 @@ async fn missing_topics_are_named_with_the_command_that_creates_them() {
     assert_check(&report, "broker ", "pass", "");
 }
 
+/// A rung and the dead-letter topic with fewer partitions than the
+/// source: each is named with its count, the source's, and what to do.
+#[tokio::test]
+async fn topics_with_fewer_partitions_than_the_source_are_named() {
+    let checked = Checked::without_topics("check-short").await;
+    let topology = checked.setup.topology();
+    let (first_rung, second_rung) = {
+        let mut rungs = topology.retry_topics().map(|(_, topic)| topic.as_str().to_owned());
+        (rungs.next().unwrap(), rungs.next().unwrap())
+    };
+    let dead_letters = topology.dead_letter_topic().as_str().to_owned();
+    integration::create_topic(topology.source_topic().as_str(), 3).await;
+    integration::create_topic(&first_rung, 1).await;
+    integration::create_topic(&second_rung, 3).await;
+    integration::create_topic(&dead_letters, 2).await;
+    let (code, report) = checked.check(&[]).await;
+    assert_eq!(code, 1, "{report:#}");
+    assert_check(&report, "topics", "fail", &format!("{first_rung} has 1 partition, needs 3"));
+    assert_check(&report, "topics", "fail", &format!("{dead_letters} has 2 partitions, needs 3"));
+    assert_check(&report, "topics", "fail", &format!("--alter --topic {first_rung} --partitions 3"));
+    let detail = named(&report, "topics")["detail"].as_str().unwrap();
+    assert!(!detail.contains(&format!("{second_rung} has")), "{detail}");
+    assert_check(&report, "broker ", "pass", "");
+}
+
 #[tokio::test]
 async fn a_provider_that_is_down_or_unreachable_fails_its_check() {
     let checked = Checked::new("check-provider").await;
@@ -178,6 +209,138 @@ async fn the_consumer_group_protocol_is_checked_against_the_broker() {
     assert_eq!(code, 1);
     assert_check(&report, "broker ", "fail", "lacks ConsumerGroupHeartbeat");
     assert_check(&report, "broker ", "fail", "KAFKA_GROUP_PROTOCOL=classic");
+}
+
+/// A broker that answers at its bootstrap address but advertises one
+/// nobody listens on (a wrong `advertised.listeners`): the bootstrap
+/// passes, the advertised broker fails its own check with what to fix.
+/// The broker is a tansu of the test's own, started with that setting.
+#[tokio::test]
+async fn a_broker_advertised_where_it_cannot_be_reached_fails_its_own_check() {
+    let tansu = std::env::var("KAFKA_RETRY_TANSU")
+        .expect("KAFKA_RETRY_TANSU names tansu's binary (cargo xtask integration sets it on tansu's passes)");
+    let checked = Checked::without_topics("check-advertised").await;
+    let dir = std::env::temp_dir().join(format!("{}-tansu", checked.setup.topic));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (listen, advertised) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let log = std::fs::File::create(dir.join("broker.log")).unwrap();
+    let _broker = tokio::process::Command::new(&tansu)
+        .args(["broker", "--listener-url", &format!("tcp://{listen}")])
+        .args(["--advertised-listener-url", &format!("tcp://{advertised}")])
+        .args(["--storage-engine", "sqlite://tansu.db", "--cluster-id", "check-advertised"])
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {tansu}: {e}"));
+    let listening = async {
+        while tokio::net::TcpStream::connect(&listen).await.is_err() {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), listening)
+        .await
+        .unwrap_or_else(|_| panic!("tansu does not listen on {listen}: see {}", dir.join("broker.log").display()));
+
+    let (code, report) = checked.check(&[("KAFKA_BROKERS", &listen)]).await;
+    assert_eq!(code, 1, "{report:#}");
+    assert_check(&report, &format!("broker {listen}"), "pass", "");
+    let checks = report["checks"].as_array().unwrap();
+    let at = format!(" at {advertised}");
+    let advertised_check = checks
+        .iter()
+        .find(|c| c["name"].as_str().is_some_and(|n| n.starts_with("broker ") && n.ends_with(&at)))
+        .unwrap_or_else(|| panic!("no check of the broker advertised at {advertised}: {report:#}"));
+    let name = advertised_check["name"].as_str().unwrap();
+    assert_check(&report, name, "fail", "advertised by the cluster but unreachable");
+    assert_check(&report, name, "fail", "advertised.listeners");
+}
+
+/// A broker as old as Kafka 0.10.0 (a stand-in of the test's own: no
+/// such broker runs here) answers ApiVersions with that release's
+/// versions, refusing first the version asked (KIP-511). It lacks the
+/// Produce and Fetch versions the service speaks: its check
+/// names them and says to upgrade, and what needs a usable broker is
+/// skipped, saying why.
+#[tokio::test]
+async fn a_broker_too_old_for_the_service_is_named_with_what_it_lacks() {
+    let broker = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = broker.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = broker.accept().await {
+            tokio::spawn(answer_as_kafka_0_10(stream));
+        }
+    });
+    let checked = Checked::without_topics("check-old").await;
+    let (code, report) = checked.check(&[("KAFKA_BROKERS", &addr)]).await;
+    assert_eq!(code, 1, "{report:#}");
+    let name = format!("broker {addr}");
+    for lacking in ["Produce", "Fetch"] {
+        assert_check(&report, &name, "fail", lacking);
+    }
+    let detail = named(&report, &name)["detail"].as_str().unwrap();
+    assert!(detail.starts_with("lacks ") && !detail.contains("OffsetCommit,"), "{detail}");
+    assert_check(&report, &name, "fail", "upgrade the broker");
+    assert_check(&report, "topics", "skip", "");
+    assert_check(&report, "consumer groups", "skip", "");
+}
+
+/// Serves one connection as Kafka 0.10.0 would answer ApiVersions, and
+/// closes it on any other request.
+async fn answer_as_kafka_0_10(mut stream: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // (api key, min, max): Produce .. ApiVersions of Kafka 0.10.0.
+    const VERSIONS: [(i16, i16, i16); 19] = [
+        (0, 0, 2),
+        (1, 0, 2),
+        (2, 0, 0),
+        (3, 0, 1),
+        (4, 0, 0),
+        (5, 0, 0),
+        (6, 0, 2),
+        (7, 1, 1),
+        (8, 0, 2),
+        (9, 0, 1),
+        (10, 0, 0),
+        (11, 0, 0),
+        (12, 0, 0),
+        (13, 0, 0),
+        (14, 0, 0),
+        (15, 0, 0),
+        (16, 0, 0),
+        (17, 0, 0),
+        (18, 0, 0),
+    ];
+    loop {
+        let Ok(size) = stream.read_i32().await else { return };
+        let mut request = vec![0u8; size.max(0) as usize];
+        if stream.read_exact(&mut request).await.is_err() || request.len() < 8 {
+            return;
+        }
+        let (key, version) =
+            (i16::from_be_bytes([request[0], request[1]]), i16::from_be_bytes([request[2], request[3]]));
+        if key != 18 {
+            return;
+        }
+        // The v0 layout either way: UNSUPPORTED_VERSION (35) listing only
+        // ApiVersions 0..0 for a newer version, every range for v0.
+        let listed: &[(i16, i16, i16)] = if version > 0 { &VERSIONS[18..] } else { &VERSIONS };
+        let mut answer = request[4..8].to_vec(); // the correlation id
+        answer.extend_from_slice(&(if version > 0 { 35i16 } else { 0 }).to_be_bytes());
+        answer.extend_from_slice(&(listed.len() as i32).to_be_bytes());
+        for (key, min, max) in listed {
+            for n in [key, min, max] {
+                answer.extend_from_slice(&n.to_be_bytes());
+            }
+        }
+        let mut framed = (answer.len() as i32).to_be_bytes().to_vec();
+        framed.extend_from_slice(&answer);
+        if stream.write_all(&framed).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Against a broker that requires SASL: a wrong password fails the

@@ -74,7 +74,7 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         "--bin",
         "bench",
     ]))?;
-    let binary = workspace_root().join("target/release/bench");
+    let binary = crate::paths::target_dir().join("release/bench");
     if let Some(Peer::Spring) = args.peer {
         return crate::side_by_side::spring(&binary, args.orders, args.partitions);
     }
@@ -140,12 +140,28 @@ fn pipeline(
                 );
                 scenario(&[how, &topic, &p, &n, failure, latency, window])
             };
-        let n = args.records.to_string();
+        // The ceilings at the no-op drains' size, so the rows compare.
+        let n = args.drain_records.to_string();
         eprintln!("producing {n} records of 256 bytes over {p} partitions, then draining them...");
         let raw = scenario(&["raw", &format!("bench-{run_id}-raw"), &p, &n])?;
-        let noop = fill("fill-and-drain", args.drain_records, "0", "0", "64")?;
-        // Trace context read (export off) on every record, beside the no-op.
-        let traced = fill("fill-traced-and-drain", args.drain_records, "0", "0", "64")?;
+        // The no-op drains, with and without a trace context read (export
+        // off) on every record, take turns after a round not counted (the
+        // broker's first group and fetches): the medians are shown, as the
+        // difference is smaller than one run's noise.
+        fill("fill-and-drain", args.drain_records, "0", "0", "64")?;
+        let (mut noops, mut traceds) = (Vec::new(), Vec::new());
+        for _ in 0..RUNS {
+            noops.push(fill("fill-and-drain", args.drain_records, "0", "0", "64")?);
+            traceds.push(fill("fill-traced-and-drain", args.drain_records, "0", "0", "64")?);
+        }
+        let each = |runs: &[Figures]| -> anyhow::Result<String> {
+            let rates: anyhow::Result<Vec<String>> =
+                runs.iter().map(|f| Ok(format!("{:.0}", f.get("handled_per_s")?))).collect();
+            Ok(rates?.join(", "))
+        };
+        let runs = format!("no-op runs {}; with a traceparent {}", each(&noops)?, each(&traceds)?);
+        let noop = median_run(noops, "handled_per_s")?;
+        let traced = median_run(traceds, "handled_per_s")?;
         let some = fill("fill-and-drain", args.records, "10", "0", "64")?;
         let all = fill("fill-and-drain", args.records, "100", "0", "64")?;
         let sequential = fill("fill-and-drain", args.sequential_records, "0", "50ms", "1")?;
@@ -156,13 +172,17 @@ fn pipeline(
         let headers = scenario(&["raw-headers", &format!("bench-{run_id}-headers"), &p, &n])?;
 
         let fetch = raw.get("fetch_per_s")?;
-        let noop_rate = noop.get("drain_per_s")?;
+        let noop_rate = noop.get("handled_per_s")?;
         println!();
-        println!("{:<52} {:>10} {:>22} {:>9} {:>10}", "scenario", "records/s", "relative", "join (s)", "RSS (MiB)");
+        println!(
+            "{:<52} {:>10} {:>22} {:>14} {:>9} {:>10}",
+            "scenario", "records/s", "relative", "committed (s)", "join (s)", "RSS (MiB)"
+        );
         let row = |name: &str, rate: f64, relative: String, f: &Figures| -> anyhow::Result<()> {
             let rss = f.get("peak_rss_kib")? / 1024.0;
-            let join = f.get("join_ms").map(|ms| format!("{:.1}", ms / 1000.0)).unwrap_or_default();
-            println!("{name:<52} {rate:>10.0} {relative:>22} {join:>9} {rss:>10.1}");
+            let seconds = |key: &str| f.get(key).map(|ms| format!("{:.1}", ms / 1000.0)).unwrap_or_default();
+            let (tail, join) = (seconds("commit_tail_ms"), seconds("join_ms"));
+            println!("{name:<52} {rate:>10.0} {relative:>22} {tail:>14} {join:>9} {rss:>10.1}");
             Ok(())
         };
         row("rskafka produce, batches of 500 (ceiling)", raw.get("produce_per_s")?, String::new(), &raw)?;
@@ -175,35 +195,43 @@ fn pipeline(
         row("rskafka fetch (ceiling)", fetch, "100% of fetch".into(), &raw)?;
         let pct = |a: f64, b: f64| format!("{:.0}%", 100.0 * a / b);
         row("pipeline, no-op handler", noop_rate, format!("{} of fetch", pct(noop_rate, fetch)), &noop)?;
-        let traced_rate = traced.get("drain_per_s")?;
+        let traced_rate = traced.get("handled_per_s")?;
         row(
             "pipeline, no-op, a traceparent on each record",
             traced_rate,
             format!("{} of no-op", pct(traced_rate, noop_rate)),
             &traced,
         )?;
-        let some_rate = some.get("drain_per_s")?;
+        let some_rate = some.get("handled_per_s")?;
         row("pipeline, 10% transient failures", some_rate, format!("{} of no-op", pct(some_rate, noop_rate)), &some)?;
-        let all_rate = all.get("drain_per_s")?;
+        let all_rate = all.get("handled_per_s")?;
         row(
             "pipeline, 100% transient (source drain)",
             all_rate,
             format!("{} of no-op", pct(all_rate, noop_rate)),
             &all,
         )?;
-        let sequential_rate = sequential.get("drain_per_s")?;
+        let sequential_rate = sequential.get("handled_per_s")?;
         row("50 ms handler, one record at a time (baseline)", sequential_rate, "1x".into(), &sequential)?;
         let times = |rate: f64| format!("{:.1}x the baseline", rate / sequential_rate);
-        let windowed_rate = windowed.get("drain_per_s")?;
+        let windowed_rate = windowed.get("handled_per_s")?;
         row("50 ms handler, 64 in flight per partition", windowed_rate, times(windowed_rate), &windowed)?;
-        let failing_rate = windowed_failing.get("drain_per_s")?;
+        let failing_rate = windowed_failing.get("handled_per_s")?;
         row("50 ms handler, 64 in flight, 10% transient", failing_rate, times(failing_rate), &windowed_failing)?;
-        let mix_rate = mix.get("drain_per_s")?;
+        let mix_rate = mix.get("handled_per_s")?;
         row("10-200 ms handler, 64 in flight", mix_rate, times(mix_rate), &mix)?;
         println!();
-        println!("pipeline rates: from the first handled record until the source group committed every record");
-        println!("(the group joins before it are the join column); every scenario on one Apache Kafka broker;");
-        println!("failed records are republished (acks=all) to the retry rung before their offset is committed.");
+        println!("pipeline rates: from the first handled record to the last source record handled (the group");
+        println!("joins before it are the join column); the source group had committed every record that much");
+        println!("later (committed column: up to the commit interval, 1 s, for the last records). Every scenario");
+        println!("on one Apache Kafka broker; failed records are republished (acks=all) to the retry rung before");
+        println!("their offset is committed, 64 records a partition at most awaiting the broker's answer.");
+        println!("The two no-op rows are medians of {RUNS} runs taking turns, after one not counted; the ceilings");
+        println!(
+            "and the no-op rows move {} records, the other rows {} ({runs} records/s). The fetch",
+            args.drain_records, args.records
+        );
+        println!("ceiling includes its first fetch, which the pipeline's rates leave out.");
     }
     Ok(())
 }
@@ -276,6 +304,24 @@ fn rebalance(binary: &std::path::Path, orders: usize, partitions: i32) -> anyhow
     Ok(())
 }
 
+/// How many times the scenarios compared by their medians run.
+const RUNS: usize = 3;
+
+fn median(mut rates: Vec<f64>) -> f64 {
+    rates.sort_by(f64::total_cmp);
+    rates[rates.len() / 2]
+}
+
+/// The run whose `key` is the median of `runs`' (its other figures with it).
+fn median_run(mut runs: Vec<Figures>, key: &str) -> anyhow::Result<Figures> {
+    let mut keyed = Vec::with_capacity(runs.len());
+    for (i, f) in runs.iter().enumerate() {
+        keyed.push((f.get(key)?, i));
+    }
+    keyed.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Ok(runs.swap_remove(keyed[keyed.len() / 2].1))
+}
+
 /// The codec rows: topics filled by a foreign producer (librdkafka through
 /// confluent-kafka) with each codec, drained by the no-op pipeline, beside
 /// librdkafka's own consumer and rskafka's raw fetch of the uncompressed
@@ -308,12 +354,7 @@ fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
                 String::from_utf8(out.stdout)?.replace(['{', '}', '"', ' '], "").replace(':', "=").replace(',', " ");
             Ok(Figures(text))
         };
-        // Each drain three times, on topics of its own: the median is shown.
-        const RUNS: usize = 3;
-        let median = |mut rates: Vec<f64>| {
-            rates.sort_by(f64::total_cmp);
-            rates[rates.len() / 2]
-        };
+        // Each drain RUNS times, on topics of its own: the median is shown.
         const CODECS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
         // Per codec: the pipeline's rates, librdkafka's and rskafka's, and
         // the pipeline's with each call in a task of its own (uncompressed only).

@@ -150,7 +150,7 @@ fn check_configuration_reference(root: &Path) -> anyhow::Result<()> {
     if !built.success() {
         bail!("cannot build billing-bin for its --help");
     }
-    let binary = root.join("target/debug/billing-bin");
+    let binary = crate::paths::target_dir().join("debug/billing-bin");
     let mut help = String::new();
     for command in [&["run"][..], &["topics", "create"], &["dlq"]] {
         let out = Command::new(&binary).args(command).arg("--help").output()?;

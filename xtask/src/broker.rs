@@ -812,7 +812,7 @@ fn spawn_tansu(
 }
 
 /// The tansu binary, installed into the cache on first use.
-fn install_tansu() -> anyhow::Result<PathBuf> {
+pub(crate) fn install_tansu() -> anyhow::Result<PathBuf> {
     crate::paths::cargo_install_cached(
         "tansu",
         TANSU_VERSION,

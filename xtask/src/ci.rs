@@ -218,6 +218,10 @@ fn lacks(pass: Pass, need: Need) -> Option<&'static str> {
             pass.scope == Scope::Security || (tansu && kind.security_protocol() != "PLAINTEXT"),
             "crash recovery has nothing to do with security, and runs through another pass",
         ),
+        Need::OwnBroker => lacking(
+            implementation != Implementation::Tansu || kind.security_protocol() != "PLAINTEXT",
+            "it brings a plaintext broker of its own, the same on every pass: it runs on tansu's plaintext pass",
+        ),
         Need::OncePerRun => lacking(
             pass.scope == Scope::Security || !kafka,
             "a provider outage is the same on every broker: it runs once, on Apache Kafka's whole pass",
@@ -345,6 +349,10 @@ const STOCK_SERVICE_BIN_ENV: &str = "STOCK_SERVICE_BIN";
 /// Kafka's jars are (for its Java client), on Kafka's passes.
 const KAFKA_LIBS_ENV: &str = "KAFKA_RETRY_KAFKA_LIBS";
 
+/// The environment variable that tells the integration tests where
+/// tansu's binary is, on tansu's passes (a test starts a broker of its own).
+const TANSU_ENV: &str = "KAFKA_RETRY_TANSU";
+
 /// What the integration passes run, built once.
 struct Built {
     /// The integration tests' binary.
@@ -418,6 +426,9 @@ fn run_integration_tests(target: &Target<'_>, built: &Built, pass: Pass, test_ar
     if target.kind.implementation == Implementation::Kafka {
         envs.push((KAFKA_LIBS_ENV.to_owned(), crate::kafka::install()?.display().to_string()));
         envs.push((crate::spring::SPRING_PEER_ENV.to_owned(), crate::spring::peer_jar()?.display().to_string()));
+    }
+    if target.kind.implementation == Implementation::Tansu {
+        envs.push((TANSU_ENV.to_owned(), crate::broker::install_tansu()?.display().to_string()));
     }
     envs.extend(target.security.iter().map(|(k, v)| (k.to_string(), v.clone())));
     if let Some(control) = target.control {

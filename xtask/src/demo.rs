@@ -31,7 +31,7 @@ pub(crate) fn demo(args: &DemoArgs) -> anyhow::Result<()> {
     let build = |package: &[&str]| run(Command::new(cargo()).current_dir(workspace_root()).arg("build").args(package));
     build(&["--package", "billing-bin", "--bin", "billing-bin"])?;
     build(&["--package", "integration", "--features", "broker", "--bin", "demo"])?;
-    let target = workspace_root().join("target/debug");
+    let target = crate::paths::target_dir().join("debug");
     with_broker(|addr| {
         let mut demo = Command::new(target.join("demo"));
         demo.args(&args.args);

@@ -8,6 +8,16 @@ pub(crate) fn workspace_root() -> PathBuf {
     manifest_dir.parent().expect("xtask lives in the workspace root").to_owned()
 }
 
+/// Where cargo puts what it builds: `$CARGO_TARGET_DIR` (relative to the
+/// workspace when relative), else `<workspace>/target`. Nested builds
+/// inherit the variable, so the binaries they make are found here.
+pub(crate) fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|dir| !dir.is_empty()) {
+        Some(dir) => workspace_root().join(dir),
+        None => workspace_root().join("target"),
+    }
+}
+
 /// Where xtask keeps state between invocations (e.g. the running broker).
 pub(crate) fn state_dir() -> PathBuf {
     workspace_root().join("target").join("xtask")

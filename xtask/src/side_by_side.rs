@@ -259,7 +259,7 @@ impl Drop for Provider {
 }
 
 fn release(binary: &str) -> PathBuf {
-    workspace_root().join("target/release").join(binary)
+    crate::paths::target_dir().join("release").join(binary)
 }
 
 /// SIGTERM, then SIGKILL after 30 s.

@@ -229,7 +229,7 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
 
 /// Topics, provider, token and settings, on a broker at `brokers`.
 fn start_the_rest(args: &UpArgs, brokers: &str, started_broker: bool) -> anyhow::Result<Stack> {
-    let target = workspace_root().join("target/debug");
+    let target = crate::paths::target_dir().join("debug");
     let partitions = args.partitions.to_string();
     run(Command::new(target.join("billing-bin"))
         .args(["topics", "create", "--partitions", &partitions])
@@ -343,7 +343,7 @@ pub(crate) fn orders(args: &OrdersArgs) -> anyhow::Result<()> {
     let Some(stack) = Stack::load()? else {
         bail!("no local stack is up: start one with `cargo xtask up`");
     };
-    let target = workspace_root().join("target/debug");
+    let target = crate::paths::target_dir().join("debug");
     run(Command::new(target.join("sample-orders"))
         .args(["--count", &args.count.to_string()])
         .env("KAFKA_BROKERS", &stack.brokers))?;
@@ -373,7 +373,7 @@ pub(crate) fn rehearse() -> anyhow::Result<()> {
 
 fn rehearse_on_the_stack() -> anyhow::Result<()> {
     let stack = Stack::load()?.context("`up` recorded no stack")?;
-    let target = workspace_root().join("target/debug");
+    let target = crate::paths::target_dir().join("debug");
     let billing_bin = target.join("billing-bin");
     let check = Command::new(&billing_bin).arg("check").envs(stack.env()).output()?;
     if !check.status.success() {

@@ -119,7 +119,27 @@ pub(crate) fn next_step(error: &KafkaError) -> String {
         KafkaError::UnsupportedVersion { .. } => "the broker is older than this service needs (Kafka 2.3 or \
              later; for KAFKA_GROUP_PROTOCOL=consumer, Apache Kafka 4.0 or later)"
             .into(),
-        KafkaError::Topics(_) => "create them with `billing-bin topics create` (locally, `cargo xtask up` does)".into(),
+        KafkaError::Topics(problems) => {
+            let missing = problems.0.iter().any(|p| matches!(p, retry_kafka::TopicProblem::Missing { .. }));
+            let short: Vec<String> = problems
+                .0
+                .iter()
+                .filter_map(|p| match p {
+                    retry_kafka::TopicProblem::TooFewPartitions { topic, needs, .. } => {
+                        Some(format!("kafka-topics.sh --alter --topic {topic} --partitions {needs}"))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let create = "create them with `billing-bin topics create` (locally, `cargo xtask up` does)";
+            let grow =
+                format!("add partitions, as a record keeps its partition on every rung: `{}`", short.join("`, `"));
+            match (missing, short.is_empty()) {
+                (true, true) => create.into(),
+                (false, _) => grow,
+                (true, false) => format!("{create}; {grow}"),
+            }
+        }
         KafkaError::Broker { error, .. } if error.name().ends_with("AUTHORIZATION_FAILED") => {
             "grant the user the ACLs the service needs: Describe, Read and Write on the ladder's topics, Read and \
              Describe on its consumer groups"
@@ -220,7 +240,7 @@ async fn cluster_checks(
     run: &crate::config::RunArgs,
 ) {
     let contacts = contact_brokers(connection, run.group_protocol).await;
-    let mut reached = 0;
+    let (mut reached, mut lacking) = (0, 0);
     let mut security_failure = None;
     for (addr, found, contact) in &contacts {
         let name = match found {
@@ -234,12 +254,17 @@ async fn cluster_checks(
             }
             Ok(contact) => {
                 reached += 1;
-                let detail = format!("lacks {} ({})", contact.missing().join(", "), broker_detail(contact));
-                fail(
-                    name,
-                    detail,
-                    "set KAFKA_GROUP_PROTOCOL=classic, or upgrade the broker (Apache Kafka 4.0 or later)",
-                )
+                lacking += 1;
+                let missing = contact.missing();
+                let detail = format!("lacks {} ({})", missing.join(", "), broker_detail(contact));
+                // Only the consumer group protocol's requests: the classic one would do.
+                let step = if missing.iter().all(|api| api.starts_with("ConsumerGroup")) {
+                    "set KAFKA_GROUP_PROTOCOL=classic, or upgrade the broker (Apache Kafka 4.0 or later)"
+                } else {
+                    "upgrade the broker: the service needs Kafka 2.3 or later (Apache Kafka 4.0 or later for \
+                     KAFKA_GROUP_PROTOCOL=consumer)"
+                };
+                fail(name, detail, step)
             }
             Err(e) => {
                 if matches!(e, KafkaError::Authentication { .. } | KafkaError::Tls { .. }) {
@@ -268,6 +293,12 @@ async fn cluster_checks(
     if reached == 0 {
         checks.push(skip("topics", "no broker answered"));
         checks.push(skip("consumer groups", "no broker answered"));
+        return;
+    }
+    if reached == lacking {
+        let why = "no broker that answered speaks what the service needs (see the brokers' checks)";
+        checks.push(skip("topics", why));
+        checks.push(skip("consumer groups", why));
         return;
     }
 
@@ -323,7 +354,7 @@ fn topic_problem(problem: &retry_kafka::TopicProblem) -> String {
     match problem {
         retry_kafka::TopicProblem::Missing { topic } => format!("{topic} is missing"),
         retry_kafka::TopicProblem::TooFewPartitions { topic, has, needs, .. } => {
-            format!("{topic} has {has} partitions, needs {needs}")
+            format!("{topic} has {has} partition{}, needs {needs}", if *has == 1 { "" } else { "s" })
         }
         other => format!("{other:?}"),
     }

@@ -390,7 +390,18 @@ impl std::fmt::Display for TopicProblems {
                 }
             }
         }
-        f.write_str("\ntopics are never auto-created: create them explicitly (the service's `topics create` command)")
+        if self.0.iter().any(|p| matches!(p, TopicProblem::Missing { .. })) {
+            f.write_str(
+                "\ntopics are never auto-created: create them explicitly (the service's `topics create` command)",
+            )?;
+        }
+        if self.0.iter().any(|p| matches!(p, TopicProblem::TooFewPartitions { .. })) {
+            f.write_str(
+                "\na record keeps its partition on every rung: add partitions to the short topics (e.g. \
+                 `kafka-topics.sh --alter --topic <topic> --partitions <count>`)",
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -129,10 +129,16 @@ async fn contact(
         .into_iter()
         .map(|(api, purpose, version)| RequestSupport { api, version, needed: needed(purpose, protocol) })
         .collect();
-    let advertised = metadata::advertised(&mut connection).await?;
     let authenticated_as = config.security().sasl().map(|c| (c.mechanism.name(), c.username.clone()));
     let security = config.security().protocol();
-    Ok((BrokerContact { addr: addr.to_owned(), security, authenticated_as, requests, found }, advertised))
+    let contact = BrokerContact { addr: addr.to_owned(), security, authenticated_as, requests, found };
+    // A broker that lacks what listeners need is reported as it is; its
+    // Metadata (which it may not speak either) is not asked for.
+    if !contact.missing().is_empty() {
+        return Ok((contact, Vec::new()));
+    }
+    let advertised = metadata::advertised(&mut connection).await?;
+    Ok((contact, advertised))
 }
 
 /// Whether listeners of `protocol` cannot do without a request of `purpose`.
