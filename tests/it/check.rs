@@ -356,6 +356,31 @@ async fn a_wrong_password_fails_the_security_check_without_showing_it() {
     assert!(!report.to_string().contains(wrong), "{report:#}");
 }
 
+/// On a cluster with an authorizer (Apache Kafka with ACLs, as managed
+/// clusters run), a user that no ACL names: it authenticates, yet the
+/// ladder's topics (created by the suite's user) are not described to it
+/// and its groups cannot be: each check says so and which ACLs to grant.
+#[tokio::test]
+async fn a_user_without_acls_is_told_which_to_grant() {
+    let env = |name: &str| {
+        std::env::var(name)
+            .unwrap_or_else(|_| panic!("{name} is set by cargo xtask integration on Kafka's SASL passes"))
+    };
+    let (user, password) =
+        (env("KAFKA_RETRY_SASL_UNAUTHORIZED_USERNAME"), env("KAFKA_RETRY_SASL_UNAUTHORIZED_PASSWORD"));
+    let checked = Checked::new("check-acls").await;
+    let (code, report) = checked.check(&[("KAFKA_SASL_USERNAME", &user), ("KAFKA_SASL_PASSWORD", &password)]).await;
+    assert_eq!(code, 1, "{report:#}");
+    assert_check(&report, "broker ", "pass", "");
+    assert_check(&report, "security", "pass", "");
+    let source = checked.setup.topic.clone();
+    assert_check(&report, "topics", "fail", &format!("{source} is not described to {user}"));
+    assert_check(&report, "topics", "fail", "Describe, Read and Write on the ladder's topics");
+    assert_check(&report, "consumer groups", "fail", "AUTHORIZATION_FAILED");
+    assert_check(&report, "consumer groups", "fail", "grant the user the ACLs");
+    assert!(!report.to_string().contains(&password), "{report:#}");
+}
+
 /// Against a broker behind TLS: an untrusted CA and a plaintext client
 /// fail with what to set.
 #[tokio::test]

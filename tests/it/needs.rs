@@ -52,6 +52,8 @@ pub(crate) enum Need {
     CommitMetadataDropped,
     /// Much time (crash recovery of the service): left out of the passes that repeat the suite through security settings.
     LongRun,
+    /// A cluster with an authorizer, and a SCRAM user no ACL names (Apache Kafka through SASL).
+    Authorizer,
     /// A broker of its own (tansu's binary, `$KAFKA_RETRY_TANSU`, or a stand-in), reached in plaintext, with settings the suite's broker does not have: it runs once, on tansu's plaintext pass.
     OwnBroker,
     /// A minute of its own (a provider outage, the same on every broker): it runs once, on Apache Kafka's whole pass.
@@ -65,6 +67,7 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("check::the_consumer_group_protocol_is_checked_against_the_broker", &[Need::NoConsumerProtocol]),
     ("check::a_broker_advertised_where_it_cannot_be_reached_fails_its_own_check", &[Need::OwnBroker]),
     ("check::a_broker_too_old_for_the_service_is_named_with_what_it_lacks", &[Need::OwnBroker]),
+    ("check::a_user_without_acls_is_told_which_to_grant", &[Need::Authorizer]),
     ("billing::a_kill_mid_stream_charges_every_event_exactly_once", &[Need::LongRun]),
     (
         "billing::a_rolling_restart_of_three_instances_charges_every_order_once",

@@ -445,6 +445,11 @@ impl Broker {
             env.push((SASL_MECHANISM_ENV, "SCRAM-SHA-512".to_owned()));
             env.push((SASL_USERNAME_ENV, user.to_owned()));
             env.push((SASL_PASSWORD_ENV, password.to_owned()));
+            if self.kind.implementation == Implementation::Kafka {
+                let (user, password) = crate::env::SASL_UNAUTHORIZED_USER;
+                env.push((crate::env::SASL_UNAUTHORIZED_USERNAME_ENV, user.to_owned()));
+                env.push((crate::env::SASL_UNAUTHORIZED_PASSWORD_ENV, password.to_owned()));
+            }
         }
         if let (Some(auth), Some(files), Some(dir)) = (self.kind.tls(), self.tls_files(), &self.data_dir) {
             if self.kind.implementation == Implementation::Tansu {

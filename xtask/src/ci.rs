@@ -218,6 +218,10 @@ fn lacks(pass: Pass, need: Need) -> Option<&'static str> {
             pass.scope == Scope::Security || (tansu && kind.security_protocol() != "PLAINTEXT"),
             "crash recovery has nothing to do with security, and runs through another pass",
         ),
+        Need::Authorizer => lacking(
+            !kafka || !kind.sasl(),
+            "only Apache Kafka through SASL runs an authorizer here, with a user no ACL names",
+        ),
         Need::OwnBroker => lacking(
             implementation != Implementation::Tansu || kind.security_protocol() != "PLAINTEXT",
             "it brings a plaintext broker of its own, the same on every pass: it runs on tansu's plaintext pass",

@@ -29,6 +29,12 @@ pub(crate) const SASL_MECHANISM_ENV: &str = "KAFKA_RETRY_SASL_MECHANISM";
 pub(crate) const SASL_USERNAME_ENV: &str = "KAFKA_RETRY_SASL_USERNAME";
 /// See [`SASL_MECHANISM_ENV`].
 pub(crate) const SASL_PASSWORD_ENV: &str = "KAFKA_RETRY_SASL_PASSWORD";
+/// A SCRAM user of a SASL Apache Kafka cluster that no ACL names (the
+/// cluster runs an authorizer; the suite's user is a super user): set
+/// only against such a cluster.
+pub(crate) const SASL_UNAUTHORIZED_USERNAME_ENV: &str = "KAFKA_RETRY_SASL_UNAUTHORIZED_USERNAME";
+/// See [`SASL_UNAUTHORIZED_USERNAME_ENV`].
+pub(crate) const SASL_UNAUTHORIZED_PASSWORD_ENV: &str = "KAFKA_RETRY_SASL_UNAUTHORIZED_PASSWORD";
 /// The security protocol of the suite's clients (PLAINTEXT when unset).
 pub(crate) const SECURITY_PROTOCOL_ENV: &str = "KAFKA_RETRY_SECURITY_PROTOCOL";
 /// The CA file that signed a TLS broker's certificate.
@@ -45,8 +51,10 @@ pub(crate) const TLS_PROXY_CONFIG_ENV: &str = "KAFKA_RETRY_TLS_PROXY_CONFIG";
 
 /// Every setting of the suite that depends on the broker, so none leaks
 /// from the caller's environment into a pass against another broker.
-pub(crate) const BROKER_SETTINGS: [&str; 11] = [
+pub(crate) const BROKER_SETTINGS: [&str; 13] = [
     SECURITY_PROTOCOL_ENV,
+    SASL_UNAUTHORIZED_USERNAME_ENV,
+    SASL_UNAUTHORIZED_PASSWORD_ENV,
     SASL_MECHANISM_ENV,
     SASL_USERNAME_ENV,
     SASL_PASSWORD_ENV,
@@ -62,3 +70,6 @@ pub(crate) const BROKER_SETTINGS: [&str; 11] = [
 /// The SCRAM-SHA-512 user of `broker up --sasl`: a throwaway credential of a
 /// throwaway local broker, printed for the tests and for people.
 pub(crate) const SASL_USER: (&str, &str) = ("kafka-retry", "kafka-retry-test-password");
+
+/// The user of a SASL Apache Kafka cluster that no ACL names.
+pub(crate) const SASL_UNAUTHORIZED_USER: (&str, &str) = ("kafka-retry-no-acls", "kafka-retry-no-acls-password");

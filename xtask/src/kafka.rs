@@ -420,10 +420,11 @@ fn server_stores(dir: &Path) -> anyhow::Result<ServerStores> {
     Ok(ServerStores { keystore, truststore: files.ca() })
 }
 
-/// The SCRAM user of a SASL cluster, as `--add-scram` takes it at format time.
-fn scram_credential() -> String {
-    let (user, password) = crate::env::SASL_USER;
-    format!("SCRAM-SHA-512=[name={user},password={password}]")
+/// The SCRAM users of a SASL cluster, as `--add-scram` takes them at
+/// format time: the suite's (a super user) and one that no ACL names.
+fn scram_credentials() -> [String; 2] {
+    [crate::env::SASL_USER, crate::env::SASL_UNAUTHORIZED_USER]
+        .map(|(user, password)| format!("SCRAM-SHA-512=[name={user},password={password}]"))
 }
 
 fn server_properties(node: &Node, spec: ClusterSpec, voters: &str, tls: Option<&ServerStores>) -> String {
@@ -448,6 +449,13 @@ fn server_properties(node: &Node, spec: ClusterSpec, voters: &str, tls: Option<&
     // A killed broker is fenced (and leaves every ISR) after this long.
     set("broker.session.timeout.ms", "6000");
     set("broker.heartbeat.interval.ms", "1000");
+    if spec.sasl {
+        // ACLs as managed clusters have them: the suite's user (and the
+        // nodes' own plaintext listeners) may do anything, the other SCRAM
+        // user nothing, so a refusal can be provoked.
+        set("authorizer.class.name", "org.apache.kafka.metadata.authorizer.StandardAuthorizer");
+        set("super.users", &format!("User:ANONYMOUS;User:{}", crate::env::SASL_USER.0));
+    }
     match node.role {
         Role::Controller => {
             set("process.roles", "controller");
@@ -583,7 +591,9 @@ fn format_storage(libs: &Path, cluster: &Cluster, spec: ClusterSpec) -> anyhow::
             .stdout(log.try_clone()?)
             .stderr(log);
         if spec.sasl {
-            cmd.args(["--add-scram", &scram_credential()]);
+            for credential in scram_credentials() {
+                cmd.args(["--add-scram", &credential]);
+            }
         }
         let child = cmd.spawn().with_context(|| format!("cannot start {}", process::show(&cmd)))?;
         formatting.push((node, child));

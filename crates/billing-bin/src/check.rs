@@ -119,6 +119,13 @@ pub(crate) fn next_step(error: &KafkaError) -> String {
         KafkaError::UnsupportedVersion { .. } => "the broker is older than this service needs (Kafka 2.3 or \
              later; for KAFKA_GROUP_PROTOCOL=consumer, Apache Kafka 4.0 or later)"
             .into(),
+        KafkaError::Topics(problems)
+            if problems.0.iter().any(|p| matches!(p, retry_kafka::TopicProblem::NotAuthorized { .. })) =>
+        {
+            "grant the user the ACLs the service needs: Describe, Read and Write on the ladder's topics, Read and \
+             Describe on its consumer groups (a topic the user may not describe looks missing to it)"
+                .into()
+        }
         KafkaError::Topics(problems) => {
             let missing = problems.0.iter().any(|p| matches!(p, retry_kafka::TopicProblem::Missing { .. }));
             let short: Vec<String> = problems
@@ -307,10 +314,11 @@ async fn cluster_checks(
         .chain(topology.retry_topics().map(|(_, t)| t.to_string()))
         .chain([topology.dead_letter_topic().to_string()])
         .collect();
+    let user = connection.security().sasl().map(|c| c.username.as_str());
     checks.push(match TopicPlan::new(topology.clone(), 1).verify(connection).await {
         Ok(()) => pass("topics", format!("{} exist with enough partitions", topics.join(", "))),
         Err(KafkaError::Topics(problems)) => {
-            let listed: Vec<String> = problems.0.iter().map(topic_problem).collect();
+            let listed: Vec<String> = problems.0.iter().map(|p| topic_problem(p, user)).collect();
             fail("topics", listed.join("; "), next_step(&KafkaError::Topics(problems)))
         }
         Err(e) => fail("topics", e.to_string(), next_step(&e)),
@@ -350,9 +358,12 @@ async fn cluster_checks(
     checks.push(pass("consumer groups", described.join(", ")));
 }
 
-fn topic_problem(problem: &retry_kafka::TopicProblem) -> String {
+fn topic_problem(problem: &retry_kafka::TopicProblem, user: Option<&str>) -> String {
     match problem {
         retry_kafka::TopicProblem::Missing { topic } => format!("{topic} is missing"),
+        retry_kafka::TopicProblem::NotAuthorized { topic } => {
+            format!("{topic} is not described to {} (TOPIC_AUTHORIZATION_FAILED)", user.unwrap_or("this user"))
+        }
         retry_kafka::TopicProblem::TooFewPartitions { topic, has, needs, .. } => {
             format!("{topic} has {has} partition{}, needs {needs}", if *has == 1 { "" } else { "s" })
         }

@@ -362,6 +362,12 @@ pub enum TopicProblem {
         /// Its name.
         topic: String,
     },
+    /// The broker would not describe the topic to this user (it may exist):
+    /// the user lacks the Describe ACL on it.
+    NotAuthorized {
+        /// Its name.
+        topic: String,
+    },
     /// A retry or dead-letter topic has fewer partitions than the source.
     TooFewPartitions {
         /// Its name.
@@ -385,6 +391,9 @@ impl std::fmt::Display for TopicProblems {
         for problem in &self.0 {
             match problem {
                 TopicProblem::Missing { topic } => write!(f, "\n  - topic {topic} is missing")?,
+                TopicProblem::NotAuthorized { topic } => {
+                    write!(f, "\n  - topic {topic} is not described to this user (TOPIC_AUTHORIZATION_FAILED)")?
+                }
                 TopicProblem::TooFewPartitions { topic, has, needs, source } => {
                     write!(f, "\n  - topic {topic} has {has} partitions, needs at least {needs} (as many as {source})")?
                 }
@@ -393,6 +402,11 @@ impl std::fmt::Display for TopicProblems {
         if self.0.iter().any(|p| matches!(p, TopicProblem::Missing { .. })) {
             f.write_str(
                 "\ntopics are never auto-created: create them explicitly (the service's `topics create` command)",
+            )?;
+        }
+        if self.0.iter().any(|p| matches!(p, TopicProblem::NotAuthorized { .. })) {
+            f.write_str(
+                "\nthe user needs the ACLs the service works with: Describe, Read and Write on the ladder's topics",
             )?;
         }
         if self.0.iter().any(|p| matches!(p, TopicProblem::TooFewPartitions { .. })) {

@@ -157,10 +157,38 @@ impl TopicPlan {
             }
         }
         if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Topics(TopicProblems(problems)))
+            return Ok(());
         }
+        // A listing leaves out what the user may not describe: ask the
+        // missing ones by name, and say which are refused rather than missing.
+        let missing: Vec<&str> = problems
+            .iter()
+            .filter_map(|p| match p {
+                TopicProblem::Missing { topic } => Some(topic.as_str()),
+                _ => None,
+            })
+            .collect();
+        if !missing.is_empty() {
+            let refused: Vec<String> = match crate::protocol::metadata::topic_errors(cluster.config(), &missing).await {
+                Ok(errors) => errors
+                    .into_iter()
+                    .filter(|(_, error)| *error == crate::BrokerError::TOPIC_AUTHORIZATION_FAILED)
+                    .map(|(topic, _)| topic)
+                    .collect(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot ask for the missing topics by name");
+                    Vec::new()
+                }
+            };
+            for problem in &mut problems {
+                if let TopicProblem::Missing { topic } = problem {
+                    if refused.contains(topic) {
+                        *problem = TopicProblem::NotAuthorized { topic: std::mem::take(topic) };
+                    }
+                }
+            }
+        }
+        Err(Error::Topics(TopicProblems(problems)))
     }
 }
 

@@ -50,6 +50,11 @@ impl Cluster {
         self.client.lock().expect("not poisoned").clone()
     }
 
+    /// The settings it connects with.
+    pub(crate) fn config(&self) -> &ConnectionConfig {
+        &self.config
+    }
+
     /// How long one call may take.
     pub(crate) fn request_timeout(&self) -> Duration {
         self.config.request_timeout

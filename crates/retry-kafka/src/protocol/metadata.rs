@@ -6,7 +6,7 @@ use kafka_protocol::messages::{metadata_request::MetadataRequestTopic, MetadataR
 
 use crate::{
     protocol::wire::{str_bytes, Connection},
-    ConnectionConfig, Error, Result,
+    BrokerError, ConnectionConfig, Error, Result,
 };
 
 /// The leaders of `topic`'s partitions, `host:port` each, asked of each
@@ -46,6 +46,39 @@ pub(crate) async fn leader_of(config: &ConnectionConfig, topic: &str, partition:
         api: "Metadata",
         reason: format!("no leader known for {topic}/{partition}"),
     })
+}
+
+/// The error a broker answers for each of `topics` asked by name (none
+/// auto-created), asked of each bootstrap broker in turn until one
+/// answers: the topics it names with an error, e.g. one the user may not
+/// describe (TOPIC_AUTHORIZATION_FAILED), which a listing of every topic
+/// leaves out without a word.
+pub(crate) async fn topic_errors(config: &ConnectionConfig, topics: &[&str]) -> Result<HashMap<String, BrokerError>> {
+    let mut last_error = None;
+    for addr in &config.bootstrap {
+        let asked = async {
+            let mut conn = Connection::connect(addr, config).await?;
+            let named = topics
+                .iter()
+                .map(|t| MetadataRequestTopic::default().with_name(Some(TopicName(str_bytes(t)))))
+                .collect();
+            let request = MetadataRequest::default().with_topics(Some(named)).with_allow_auto_topic_creation(false);
+            let (response, _) = conn.send(&request).await?;
+            Ok::<_, Error>(
+                response
+                    .topics
+                    .iter()
+                    .filter(|t| t.error_code != 0)
+                    .filter_map(|t| Some((t.name.as_ref()?.0.to_string(), BrokerError::from_code(t.error_code))))
+                    .collect(),
+            )
+        };
+        match asked.await {
+            Ok(errors) => return Ok(errors),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.expect("bootstrap brokers are never empty"))
 }
 
 /// The brokers of the cluster as `conn`'s broker advertises them
