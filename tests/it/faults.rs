@@ -549,8 +549,8 @@ async fn a_republication_tried_again_after_a_lost_answer_is_written_once() {
     let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
     let records: Vec<(String, String)> = keys.iter().map(|k| (k.clone(), "{}".to_owned())).collect();
     produce_batch(ladder.source(), 0, &records).await;
-    // Each first attempt takes 2 s, then fails: the follower is frozen by then.
-    let slow = [Step::SlowTransient(Duration::from_secs(2))];
+    // Each first attempt takes 1 s, then fails: the follower is frozen by then.
+    let slow = [Step::SlowTransient(Duration::from_secs(1))];
     let script: Vec<(&str, &[Step])> = keys.iter().map(|k| (k.as_str(), &slow[..])).collect();
     let handler = Scripted::new(&script);
     let others: Vec<String> = cluster.brokers().iter().filter(|b| b.id != follower).map(|b| b.addr.clone()).collect();
@@ -567,11 +567,17 @@ async fn a_republication_tried_again_after_a_lost_answer_is_written_once() {
         keys.iter().all(|k| handler.attempts(k).first() == Some(&1)).then_some(())
     })
     .await;
-    // Frozen for less than the broker session (6 s), after which the
-    // controller would fence it and the leader acknowledge without it.
+    // Frozen until two tries went unanswered, for at most 5 s: less than
+    // the broker session (6 s, counted from its last heartbeat, up to 1 s
+    // before), after which the controller would fence it and the leader
+    // acknowledge without it.
     let paused = cluster.broker(follower).pause();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let failures = listener.stats().snapshot().publish_failures;
+    let thawed_by = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut failures = 0;
+    while failures < 2 && tokio::time::Instant::now() < thawed_by {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        failures = listener.stats().snapshot().publish_failures;
+    }
     drop(paused);
     eventually("every retry", SETTLE, || async { keys.iter().all(|k| handler.attempts(k) == [1, 2]).then_some(()) })
         .await;
