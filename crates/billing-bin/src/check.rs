@@ -96,6 +96,10 @@ impl Report {
     }
 }
 
+/// What a user refused by the cluster's authorizer needs.
+const ACLS: &str = "grant the user the ACLs the service needs: Describe, Read and Write on the ladder's topics, \
+                    Read and Describe on its consumer groups";
+
 /// What to do about `error`, which a broker connection or request gave.
 pub(crate) fn next_step(error: &KafkaError) -> String {
     if error.is_unreachable() {
@@ -122,9 +126,7 @@ pub(crate) fn next_step(error: &KafkaError) -> String {
         KafkaError::Topics(problems)
             if problems.0.iter().any(|p| matches!(p, retry_kafka::TopicProblem::NotAuthorized { .. })) =>
         {
-            "grant the user the ACLs the service needs: Describe, Read and Write on the ladder's topics, Read and \
-             Describe on its consumer groups (a topic the user may not describe looks missing to it)"
-                .into()
+            format!("{ACLS} (a topic the user may not describe looks missing to it)")
         }
         KafkaError::Topics(problems) => {
             let missing = problems.0.iter().any(|p| matches!(p, retry_kafka::TopicProblem::Missing { .. }));
@@ -147,11 +149,7 @@ pub(crate) fn next_step(error: &KafkaError) -> String {
                 (true, false) => format!("{create}; {grow}"),
             }
         }
-        KafkaError::Broker { error, .. } if error.name().ends_with("AUTHORIZATION_FAILED") => {
-            "grant the user the ACLs the service needs: Describe, Read and Write on the ladder's topics, Read and \
-             Describe on its consumer groups"
-                .into()
-        }
+        KafkaError::Broker { error, .. } if error.name().ends_with("AUTHORIZATION_FAILED") => ACLS.into(),
         _ => "run again with RUST_LOG=debug to see every step".into(),
     }
 }
