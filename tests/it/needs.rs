@@ -44,6 +44,12 @@ pub(crate) enum Need {
     /// one pass per broker (the classic one), not again in the consumer
     /// protocol's.
     OwnProtocol,
+    /// Nothing: the test starts no listener (no member of a group, no
+    /// service that runs one), so the group protocol of a pass changes
+    /// nothing for it: it runs in the classic pass, not again in the
+    /// consumer protocol's. The suite checks the claim: such a test that
+    /// asks which protocol to speak fails.
+    NoListener,
     /// A broker without the consumer group protocol (tansu).
     NoConsumerProtocol,
     /// A group whose leader left during a rebalance electing another.
@@ -93,6 +99,7 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("billing::orders_are_charged_through_sessions_of_seconds", &[Need::ApacheKafka, Need::Sasl]),
     ("billing::the_password_never_reaches_logs_or_metrics", &[Need::Sasl]),
     ("billing::topics_create_names_the_request_the_broker_lacks", &[Need::MockFaults]),
+    ("broker_path::create_produce_and_fetch_a_record_with_headers", &[Need::NoListener]),
     ("broker_path::rskafka_metadata_for_a_missing_topic_auto_creates_it", &[Need::MockFaults]),
     ("dead_letters::a_partly_failed_replay_commits_what_it_published_and_a_repeat_does_the_rest", &[Need::MockFaults]),
     ("dead_letters::a_record_above_the_position_is_refused_with_the_reason", &[Need::CommitMetadataDropped]),
@@ -127,7 +134,9 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("group::a_member_stopped_while_it_joins_leaves_the_group", &[Need::ApacheKafka, Need::ClassicProtocol]),
     ("group::a_rebalance_lets_a_call_run_past_the_shutdown_grace", &[Need::CommitsDuringRebalances]),
     ("group::a_static_member_restarts_within_its_session_without_a_rebalance", &[Need::ApacheKafka]),
+    ("interop::a_foreign_group_consumes_and_commits_what_rskafka_produced", &[Need::NoListener]),
     ("interop::records_of_an_aborted_transaction_reach_the_handler_as_documented", &[Need::MockFaults]),
+    ("interop::rskafka_fetches_what_a_foreign_producer_wrote", &[Need::NoListener]),
     ("records::a_batch_that_fails_its_checksum_is_dead_lettered_as_it_is", &[Need::MockFaults]),
     ("records::a_batch_that_inflates_beyond_the_cap_is_dead_lettered_as_it_is", &[Need::BatchesKept]),
     ("records::a_record_too_large_for_its_retry_topic_is_dead_lettered", &[Need::MessageLimits]),
@@ -141,13 +150,14 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("spring::a_listener_migrated_from_spring_mid_stream_charges_each_order_once_when_due", &[Need::ApacheKafka]),
     ("spring::springs_dead_letters_are_shown_and_replayed_to_spring_by_billing_bin", &[Need::ApacheKafka]),
     ("spring::springs_dlt_handler_receives_what_billing_bin_dead_letters_in_springs_style", &[Need::ApacheKafka]),
-    ("spring::the_spring_peer_retries_and_dead_letters_as_spring_writes_it", &[Need::ApacheKafka]),
+    ("spring::the_spring_peer_retries_and_dead_letters_as_spring_writes_it", &[Need::NoListener, Need::ApacheKafka]),
     ("tls::a_broker_signed_by_an_untrusted_ca_is_refused", &[Need::Tls]),
     ("tls::a_client_without_a_certificate_is_refused", &[Need::ClientCert]),
     ("tls::a_host_name_the_certificate_lacks_is_refused_unless_verification_is_off", &[Need::Tls]),
     ("tls::billing_bin_names_each_tls_failure_and_exits_1", &[Need::Tls]),
     ("tls::billing_bin_without_a_certificate_exits_1", &[Need::ClientCert]),
-    ("topics::creation_is_explicit_and_idempotent", &[Need::CreateTopics]),
-    ("topics::retry_topics_need_as_many_partitions_as_the_source", &[Need::CreateTopics]),
+    ("topics::creation_is_explicit_and_idempotent", &[Need::NoListener, Need::CreateTopics]),
+    ("topics::retry_topics_need_as_many_partitions_as_the_source", &[Need::NoListener, Need::CreateTopics]),
+    ("topics::verification_names_every_missing_topic", &[Need::NoListener]),
     ("window::a_revocation_with_a_full_window_hands_over_without_redelivery", &[Need::CommitsDuringRebalances]),
 ];

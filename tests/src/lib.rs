@@ -12,6 +12,10 @@
 #[cfg(doctest)]
 mod book;
 pub mod fake_provider;
+// Where each test runs: read here to hold the tests to what it declares.
+#[allow(dead_code)]
+#[path = "../it/needs.rs"]
+mod needs;
 pub mod raw;
 
 use std::{
@@ -151,6 +155,15 @@ pub const BILLING_SECURITY_SETTINGS: &[&str] = &[
 /// Which group protocol the suite's listeners speak: `$KAFKA_RETRY_GROUP_PROTOCOL`
 /// (`classic` or `consumer`, set by `cargo xtask integration`), classic when unset.
 pub fn group_protocol() -> retry_kafka::GroupProtocol {
+    if let Some(test) = std::thread::current().name() {
+        let declared =
+            needs::NEEDS.iter().any(|(name, needs)| *name == test && needs.contains(&needs::Need::NoListener));
+        assert!(
+            !declared,
+            "{test} is declared in tests/it/needs.rs to start no listener, yet it asks which group protocol its \
+             listeners speak: the consumer protocol's pass would leave it out (remove its Need::NoListener)"
+        );
+    }
     match env("KAFKA_RETRY_GROUP_PROTOCOL") {
         Some(name) => name.parse().unwrap_or_else(|e| panic!("KAFKA_RETRY_GROUP_PROTOCOL: {e}")),
         None => retry_kafka::GroupProtocol::Classic,

@@ -240,7 +240,7 @@ fn pipeline(
 /// scenario on topics of its own, one after the other.
 fn rebalance(binary: &std::path::Path, orders: usize, partitions: i32) -> anyhow::Result<()> {
     eprintln!("starting Apache Kafka (three brokers) for the rebalance scenarios...");
-    let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), crate::ci::KAFKA_BROKERS, 1)?;
+    let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), crate::integration::KAFKA_BROKERS, 1)?;
     crate::interrupt::started(&broker);
     let run_id = std::process::id();
     let result = (|| -> anyhow::Result<Vec<(&str, Figures)>> {

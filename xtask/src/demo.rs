@@ -6,12 +6,7 @@
 
 use std::process::Command;
 
-use crate::{
-    ci::with_broker,
-    env::BROKERS_ENV,
-    paths::{cargo, workspace_root},
-    process::run,
-};
+use crate::{env::BROKERS_ENV, integration::with_broker, process::run};
 
 /// Where the demo finds the billing-bin binary.
 const BILLING_BIN_ENV: &str = "BILLING_BIN";
@@ -22,19 +17,22 @@ const BILLING_BIN_ENV: &str = "BILLING_BIN";
 /// broker --bin demo -- --help` lists them).
 #[derive(clap::Args)]
 pub(crate) struct DemoArgs {
+    /// Which broker to start, unless `KAFKA_RETRY_BROKERS` names one.
+    #[command(flatten)]
+    broker: crate::stack::BrokerArgs,
     /// Flags for the demo.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<String>,
 }
 
 pub(crate) fn demo(args: &DemoArgs) -> anyhow::Result<()> {
-    let build = |package: &[&str]| run(Command::new(cargo()).current_dir(workspace_root()).arg("build").args(package));
-    build(&["--package", "billing-bin", "--bin", "billing-bin"])?;
-    build(&["--package", "integration", "--features", "broker", "--bin", "demo"])?;
-    let target = crate::paths::target_dir().join("debug");
-    with_broker(|addr| {
-        let mut demo = Command::new(target.join("demo"));
-        demo.args(&args.args);
-        run(demo.env(BROKERS_ENV, addr).env(BILLING_BIN_ENV, target.join("billing-bin")))
-    })
+    let target = crate::stack::build_binaries()?;
+    with_broker(
+        || args.broker.implementation(),
+        |addr| {
+            let mut demo = Command::new(target.join("demo"));
+            demo.args(&args.args);
+            run(demo.env(BROKERS_ENV, addr).env(BILLING_BIN_ENV, target.join("billing-bin")))
+        },
+    )
 }

@@ -262,6 +262,18 @@ fn require_tool(program: &str, version_flag: &str, advice: &str) -> anyhow::Resu
     }
 }
 
+/// Whether Apache Kafka can run here: Java 17 or later, and its jars
+/// cached or Maven to resolve them; why not, when it cannot.
+pub(crate) fn runnable() -> Result<(), String> {
+    require_java().map_err(|e| format!("{e:#}"))?;
+    let jars = cache_dir().join(format!("apache-kafka-{KAFKA_VERSION}")).join("libs");
+    if !jars.join(format!("kafka_2.13-{KAFKA_VERSION}.jar")).is_file() {
+        let advice = "Maven resolves Apache Kafka's jars: install Maven (Debian: apt-get install maven)";
+        require_tool("mvn", "-v", advice).map_err(|e| format!("{e:#}"))?;
+    }
+    Ok(())
+}
+
 /// Checks that `java` is Java 17 or later, which Apache Kafka 4 needs.
 fn require_java() -> anyhow::Result<()> {
     let advice =

@@ -14,6 +14,7 @@ mod ci;
 mod circles;
 mod demo;
 mod env;
+mod integration;
 mod interrupt;
 mod kafka;
 mod paths;
@@ -23,6 +24,7 @@ mod python;
 mod side_by_side;
 mod spring;
 mod stack;
+mod tidy;
 mod tls;
 
 use clap::{Parser, Subcommand};
@@ -59,7 +61,7 @@ enum Command {
     Integration {
         /// Which brokers to run the suite against.
         #[arg(long, value_enum, default_value = "tansu")]
-        broker: ci::BrokerChoice,
+        broker: integration::BrokerChoice,
         /// Extra arguments for the test binary (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         test_args: Vec<String>,
@@ -82,8 +84,10 @@ enum Command {
     /// and configuration reference checked (a part of `ci`).
     Book,
     /// Everything CI checks: formatting, lints, unit tests, docs, dependency
-    /// rules and the integration tests.
-    Ci,
+    /// rules, then the integration tests in lanes side by side (Apache
+    /// Kafka's passes, the mock cluster's and the quick start, tansu's); each
+    /// step's time at the end. `--full`: every test on every broker.
+    Ci(ci::CiArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -97,13 +101,13 @@ fn main() -> std::process::ExitCode {
         Command::Down => stack::down(),
         Command::Orders(args) => stack::orders(&args),
         Command::QuickStart => stack::rehearse(),
-        Command::Integration { broker, test_args } => ci::integration(broker, &test_args),
+        Command::Integration { broker, test_args } => integration::integration(broker, &test_args),
         Command::Bench(args) => bench::bench(&args),
         Command::Demo(args) => demo::demo(&args),
         Command::Fuzz { cases } => ci::fuzz(cases),
-        Command::Tidy => ci::tidy(),
-        Command::Book => book::book(),
-        Command::Ci => ci::ci(),
+        Command::Tidy => tidy::tidy(),
+        Command::Book => stack::build_binaries().and_then(|debug| book::book(&debug.join("billing-bin"))),
+        Command::Ci(args) => ci::ci(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -42,6 +42,16 @@ pub(crate) fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
 }
 
+/// How much of the machine a build may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Priority {
+    /// Its share, as any other process.
+    Normal,
+    /// What the rest leaves (`nice -n 19`): a build beside tests whose
+    /// timing must not suffer.
+    Background,
+}
+
 /// The binary `krate` of `version`, installed with `cargo install` into
 /// `<cache>/<krate>-<version>/` on first use. The install goes to a
 /// `.partial` directory that is renamed only once it succeeded, so an
@@ -51,6 +61,7 @@ pub(crate) fn cargo_install_cached(
     version: &str,
     extra_args: &[&str],
     how_long: &str,
+    priority: Priority,
 ) -> anyhow::Result<PathBuf> {
     use anyhow::Context;
     let cache = cache_dir();
@@ -63,16 +74,27 @@ pub(crate) fn cargo_install_cached(
     let partial = cache.join(format!("{krate}-{version}.partial-{}", std::process::id()));
     let target = cache.join(format!("{krate}-{version}.target"));
     eprintln!("installing {krate} {version} into {} (once per machine; {how_long})", dir.display());
-    crate::process::run(
-        std::process::Command::new(cargo())
-            .args(["install", krate, "--version", version, "--locked"])
-            .args(extra_args)
-            .arg("--root")
-            .arg(&partial)
-            .env("CARGO_TARGET_DIR", &target)
-            // Outside the workspace: a plain install, not under our toolchain file or config.
-            .current_dir(&cache),
-    )?;
+    let mut install = match priority {
+        Priority::Normal => std::process::Command::new(cargo()),
+        Priority::Background => {
+            let mut nice = std::process::Command::new("nice");
+            nice.args(["-n", "19"]).arg(cargo());
+            nice
+        }
+    };
+    install
+        .args(["install", krate, "--version", version, "--locked"])
+        .args(extra_args)
+        .arg("--root")
+        .arg(&partial)
+        .env("CARGO_TARGET_DIR", &target)
+        // Outside the workspace: a plain install, not under our toolchain file or config.
+        .current_dir(&cache);
+    match priority {
+        Priority::Normal => crate::process::run(&mut install)?,
+        // A process group of its own, which xtask stops if it ends first.
+        Priority::Background => crate::process::run_in_group(&mut install)?,
+    }
     std::fs::rename(&partial, &dir)
         .with_context(|| format!("cannot move {} to {}", partial.display(), dir.display()))?;
     let _ = std::fs::remove_dir_all(&target);

@@ -1,6 +1,6 @@
 //! `cargo xtask up` / `down` / `orders`: a local stack for trying the
-//! billing service by hand. `up` starts a broker (tansu, or Apache Kafka
-//! with `--kafka`) unless one is running already, creates the ladder's
+//! billing service by hand. `up` starts a broker (Apache Kafka where Java
+//! and Maven are, else tansu) unless one is running already, creates the ladder's
 //! topics, starts the fake billing provider with the faults asked for, writes
 //! an operators' token, and prints the environment that `cargo run -p
 //! billing-bin -- run` needs (also written to `target/xtask/stack.env`).
@@ -42,13 +42,27 @@ const DEFAULT_OPERATOR_PORT: u16 = 8081;
 /// How long the fake provider may take to say where it listens.
 const PROVIDER_START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Builds what `up`, `orders` and `demo` run, into `target/debug`:
+/// billing-bin as `cargo run -p billing-bin` builds it (so the quick
+/// start's `cargo run` finds it built), the fake provider, the sample orders
+/// and the demo.
+pub(crate) fn build_binaries() -> anyhow::Result<PathBuf> {
+    let build = |args: &[&str]| run(Command::new(cargo()).current_dir(workspace_root()).arg("build").args(args));
+    build(&["--package", "billing-bin", "--bin", "billing-bin"])?;
+    let bins = ["fake-provider", "sample-orders", "demo"].map(|bin| ["--bin", bin]);
+    build(&[&["--package", "integration", "--features", "broker"][..], &bins.concat()].concat())?;
+    Ok(crate::paths::target_dir().join("debug"))
+}
+
 /// What `up` starts.
 #[derive(clap::Args)]
 pub(crate) struct UpArgs {
-    /// Run Apache Kafka (one KRaft broker and one controller, from Maven
-    /// Central on first use) instead of tansu.
-    #[arg(long)]
-    kafka: bool,
+    /// Which broker to start (when none runs already): by default Apache
+    /// Kafka where Java 17+ and Maven are (one KRaft broker and one
+    /// controller, its jars resolved through Maven on first use), else
+    /// tansu (built with cargo on first use).
+    #[command(flatten)]
+    broker: BrokerArgs,
     /// Partitions of every topic of the ladder.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
     partitions: u16,
@@ -62,6 +76,28 @@ pub(crate) struct UpArgs {
     /// How long every answer of the fake provider takes at least (e.g. 50ms).
     #[arg(long, default_value = "0s")]
     latency: String,
+}
+
+/// Which broker a local stack or the demo starts.
+#[derive(clap::Args, Clone, Copy, Default)]
+pub(crate) struct BrokerArgs {
+    /// Apache Kafka, even if this machine seems to lack what runs it.
+    #[arg(long, conflicts_with = "tansu")]
+    kafka: bool,
+    /// tansu, even where Apache Kafka could run.
+    #[arg(long)]
+    tansu: bool,
+}
+
+impl BrokerArgs {
+    /// The broker asked for, or the machine's choice (said with why).
+    pub(crate) fn implementation(self) -> Implementation {
+        match (self.kafka, self.tansu) {
+            (true, _) => Implementation::Kafka,
+            (_, true) => Implementation::Tansu,
+            _ => crate::broker::local_choice(),
+        }
+    }
 }
 
 /// What `orders` produces.
@@ -190,9 +226,7 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
         down()?;
     }
     fs::create_dir_all(state_dir())?;
-    let build = |args: &[&str]| run(Command::new(cargo()).current_dir(workspace_root()).arg("build").args(args));
-    build(&["--package", "billing-bin", "--bin", "billing-bin"])?;
-    build(&["--package", "integration", "--features", "broker", "--bin", "fake-provider", "--bin", "sample-orders"])?;
+    build_binaries()?;
 
     let (broker, started_broker) = match Broker::load()? {
         Some(broker) if broker.answers() && !broker.kind.sasl() && broker.kind.tls().is_none() => {
@@ -209,10 +243,9 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
             if let Some(broker) = stale {
                 broker.stop()?;
             }
-            let broker = if args.kafka {
-                Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1)?
-            } else {
-                Broker::start_tansu(port_if_free(DEFAULT_BROKER_PORT))?
+            let broker = match args.broker.implementation() {
+                Implementation::Kafka => Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1)?,
+                _ => Broker::start_tansu(port_if_free(DEFAULT_BROKER_PORT))?,
             };
             broker.save()?;
             println!("broker running at {} ({})", broker.addr, broker.describe());
@@ -358,7 +391,9 @@ pub(crate) fn rehearse() -> anyhow::Result<()> {
     if Stack::load()?.is_some() {
         bail!("a local stack is up: the quick start's rehearsal needs its own (stop it with `cargo xtask down`)");
     }
-    let args = UpArgs { kafka: false, partitions: 3, transient_pct: 0, permanent_pct: 0, latency: "0s".into() };
+    // The broker a new user's `up` would start here.
+    let broker = BrokerArgs::default();
+    let args = UpArgs { broker, partitions: 3, transient_pct: 0, permanent_pct: 0, latency: "0s".into() };
     up(&args)?;
     let rehearsed = rehearse_on_the_stack();
     let stopped = down();
