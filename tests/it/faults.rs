@@ -293,6 +293,58 @@ async fn refused_produce_requests_are_retried_or_split() {
     assert!(stats.publish_splits >= 2, "{stats:?}");
 }
 
+/// The broker acknowledges a republication seconds late (its answer to the
+/// produce request delayed): the records after the failed one, of other
+/// keys, are all handled meanwhile, ten times the window's places in
+/// handling, while the source stays committed below the failed record until
+/// the broker answered; then everything is committed, and the failed record
+/// is on the rung once.
+#[tokio::test]
+async fn a_slow_acknowledgement_holds_the_commit_position_not_the_records_after_it() {
+    let mock = MockCluster::get();
+    let ladder = Ladder::create("slow-ack", "1m", 1).await;
+    let after = keys("after", 40);
+    let mut script: Vec<(&str, &[Step])> = vec![("failing", &[Step::Transient])];
+    script.extend(after.iter().map(|k| (k.as_str(), &[Step::Succeed][..])));
+    let handler = Scripted::new(&script);
+    let records: Vec<(String, String)> =
+        std::iter::once("failing".to_owned()).chain(after.iter().cloned()).map(|k| (k, "{}".to_owned())).collect();
+    let failing = produce_batch(ladder.source(), 0, &records).await;
+    // The rung's partition on broker 1, whose next answer to a produce
+    // request comes three seconds late.
+    mock.set_leader(ladder.retry(0), 0, 1).await;
+    mock.push_broker_errors(1, api::PRODUCE, &[(code::NONE, Duration::from_secs(3))]).await;
+    let mut config = ladder.config();
+    config.window = retry_core::window::WindowConfig::new(4, retry_core::window::NullKeys::Ordered).unwrap();
+    let listener = retry_kafka::Listener::start(config, Arc::clone(&handler)).await.unwrap();
+
+    eventually("the records after the failed one handled", SETTLE, || async {
+        after.iter().all(|k| handler.succeeded(k)).then_some(())
+    })
+    .await;
+    let stats = listener.stats().snapshot();
+    assert_eq!(stats.retried, 0, "the records after the failed one waited for its republication: {stats:?}");
+    let position = committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0];
+    assert!(
+        position.is_none_or(|p| p <= failing),
+        "committed {position:?} past the unacknowledged record at {failing}"
+    );
+    eventually("every record committed", SETTLE, || async {
+        (committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0] == Some(failing + 41))
+            .then_some(())
+    })
+    .await;
+    let stats = listener.stats().snapshot();
+    listener.shutdown().await;
+    let on_rung: Vec<String> = read_partition(ladder.retry(0), 0)
+        .await
+        .iter()
+        .map(|r| String::from_utf8_lossy(r.record.key.as_deref().unwrap()).into_owned())
+        .collect();
+    assert_eq!(on_rung, ["failing"]);
+    assert_eq!((stats.retried, handler.calls().len()), (1, 41), "{stats:?}");
+}
+
 /// A partition whose retries the broker refuses (TOPIC_AUTHORIZATION_FAILED,
 /// as after a lost ACL) stops with an error, the stall gauge at 1 and the
 /// listener not ready, so an alert fires; once the broker accepts again it

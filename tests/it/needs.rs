@@ -112,6 +112,7 @@ pub(crate) const NEEDS: &[(&str, &[Need])] = &[
     ("faults::a_moved_coordinator_and_group_errors_are_survived", &[Need::MockFaults]),
     ("faults::a_partition_that_cannot_publish_stalls_visibly_and_resumes", &[Need::MockFaults]),
     ("faults::a_republication_tried_again_after_a_lost_answer_is_written_once", &[Need::ApacheKafka]),
+    ("faults::a_slow_acknowledgement_holds_the_commit_position_not_the_records_after_it", &[Need::MockFaults]),
     ("faults::committed_offsets_that_cannot_be_read_yet_are_read_again_within_the_generation", &[Need::MockFaults]),
     ("faults::leader_moves_and_stale_out_of_range_answers_reset_nothing", &[Need::MockFaults]),
     ("faults::partitions_added_to_the_source_are_consumed", &[Need::MockFaults]),

@@ -91,9 +91,13 @@ fn assert_key_order(observer: &Observer) {
 }
 
 async fn start(ladder: &Ladder, observer: Arc<Observer>, max_in_flight: usize) -> Listener {
+    let window = retry_core::window::WindowConfig::new(max_in_flight, retry_core::window::NullKeys::Ordered).unwrap();
+    start_with(ladder, observer, window).await
+}
+
+async fn start_with(ladder: &Ladder, observer: Arc<Observer>, window: retry_core::window::WindowConfig) -> Listener {
     let mut config = ladder.config();
-    config.window =
-        retry_core::window::WindowConfig::new(max_in_flight, retry_core::window::NullKeys::Ordered).unwrap();
+    config.window = window;
     // A record that hangs must stay unfinished while a test looks.
     config.handler_timeout = Duration::from_secs(120);
     config.rebalance_timeout = Duration::from_secs(130);
@@ -134,21 +138,25 @@ async fn one_hot_key_is_handled_one_record_at_a_time() {
 }
 
 /// A record that never finishes holds the commit position while the
-/// records after it (other keys) are handled, up to the window; a crash
-/// then redelivers at most the window.
+/// records after it (other keys) are handled, up to what the window may
+/// hold; a crash then redelivers at most that.
 #[tokio::test]
 async fn a_crash_with_a_full_window_redelivers_at_most_the_window() {
     let ladder = Ladder::create("window-crash", "1s", 1).await;
     let first = produce_batch(ladder.source(), 0, &records(100, 50)).await;
     let stuck = (ladder.source().to_owned(), first);
     let observer = Arc::new(Observer { hang_on: HashSet::from([stuck]), ..Default::default() });
-    let listener = start(&ladder, observer.clone(), 8).await;
-    // The stuck record and seven more: the window is full.
-    eventually("a full window", SETTLE, || async { (observer.snapshot(|s| s.calls) >= 8).then_some(()) }).await;
+    // Eight in handling, sixteen in all.
+    let window = retry_core::window::WindowConfig::new(8, retry_core::window::NullKeys::Ordered)
+        .and_then(|w| w.with_max_uncommitted(16))
+        .unwrap();
+    let listener = start_with(&ladder, observer.clone(), window).await;
+    // The stuck record and fifteen more done above it: the window is full.
+    eventually("a full window", SETTLE, || async { (observer.snapshot(|s| s.calls) >= 16).then_some(()) }).await;
     let position = committed(&ladder.connection, &ladder.group_id, ladder.source(), 1).await[&0];
     assert!(position.is_none_or(|p| p <= first), "committed {position:?} past the unfinished record at {first}");
     let handled_before = observer.snapshot(|s| s.calls);
-    assert_eq!(handled_before, 8, "the window holds eight records, no more are taken");
+    assert_eq!(handled_before, 16, "the window holds sixteen records, no more are taken");
     listener.abort();
 
     let after = Arc::new(Observer::default());
@@ -160,7 +168,7 @@ async fn a_crash_with_a_full_window_redelivers_at_most_the_window() {
     .await;
     listener.shutdown().await;
     assert_key_order(&after);
-    // Everything from the unfinished record on, once: the seven records
+    // Everything from the unfinished record on, once: the fifteen records
     // done before the crash (within the window) are the only ones seen twice.
     assert_eq!(after.snapshot(|s| s.calls), 100);
 }

@@ -446,6 +446,12 @@ pub(crate) struct RunArgs {
     /// key, one after another); 1 charges one event at a time.
     #[arg(long, env = "BILLING_MAX_IN_FLIGHT", default_value_t = 64)]
     pub(crate) max_in_flight: usize,
+    /// How many events of one partition are held at most past its commit
+    /// position: charged (or awaiting their republication's
+    /// acknowledgement) above an event still being charged. A crash charges
+    /// these again (the provider's idempotency key absorbs it).
+    #[arg(long, env = "BILLING_MAX_UNCOMMITTED", default_value_t = retry_core::window::WindowConfig::DEFAULT_MAX_UNCOMMITTED)]
+    pub(crate) max_uncommitted: usize,
     /// How often the dead-letter backlog gauge is measured.
     #[arg(long, env = "DLQ_POLL_INTERVAL", default_value = "15s", value_parser = parse_duration)]
     pub(crate) dlq_poll_interval: Duration,
@@ -481,8 +487,11 @@ pub(crate) struct RunArgs {
 
 impl RunArgs {
     pub(crate) fn window(&self) -> Result<retry_core::window::WindowConfig, Failure> {
-        retry_core::window::WindowConfig::new(self.max_in_flight, retry_core::window::NullKeys::Ordered)
-            .map_err(|e| Failure::Config(format!("BILLING_MAX_IN_FLIGHT: {e}")))
+        let window = retry_core::window::WindowConfig::new(self.max_in_flight, retry_core::window::NullKeys::Ordered)
+            .map_err(|e| Failure::Config(format!("BILLING_MAX_IN_FLIGHT: {e}")))?;
+        window
+            .with_max_uncommitted(self.max_uncommitted)
+            .map_err(|e| Failure::Config(format!("BILLING_MAX_UNCOMMITTED: {e}")))
     }
 
     /// The outage brake's settings; `None` when it is off.

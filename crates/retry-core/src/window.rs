@@ -1,12 +1,18 @@
 //! The in-flight window of one partition: which fetched records may be
 //! handled now, and how far the partition may be committed.
 //!
-//! Up to `max_in_flight` records are in the window at once. Records with the
-//! same key are handled one after another in offset order; records with
-//! different keys concurrently. Records without a key are ordered among
-//! themselves, or not at all ([`NullKeys`]). The commit position is the
-//! lowest offset whose record is not done: nothing above an unfinished
-//! record is ever committed, so a crash redelivers at most the window.
+//! Up to `max_in_flight` records are in handling at once (waiting for an
+//! earlier record of their key, or running). Records with the same key are
+//! handled one after another in offset order; records with different keys
+//! concurrently. Records without a key are ordered among themselves, or not
+//! at all ([`NullKeys`]). The commit position is the lowest offset whose
+//! record is not done: nothing above an unfinished record is ever
+//! committed. Records handled above one that is not done yet (still
+//! running, or handled and awaiting its republication's acknowledgement)
+//! stay in the window without holding a place in handling, up to
+//! `max_uncommitted` records in all, so a crash redelivers at most that
+//! many (besides what finished since the last commit), and a slow broker
+//! acknowledgement or a slow call does not stop the records around it.
 //!
 //! Pure bookkeeping: the caller fetches, starts handlers for what
 //! [`InFlightWindow::start_ready`] returns, and reports each record's end
@@ -40,21 +46,27 @@ pub enum NullKeys {
     Unordered,
 }
 
-/// The window's settings; [`WindowConfig::new`] checks them.
+/// The window's settings; [`WindowConfig::new`] and
+/// [`WindowConfig::with_max_uncommitted`] check them.
 ///
 /// ```
 /// use retry_core::{window::NullKeys, window::WindowConfig};
 ///
 /// let config = WindowConfig::new(16, NullKeys::Unordered).unwrap();
 /// assert_eq!((config.max_in_flight(), config.null_keys()), (16, NullKeys::Unordered));
+/// assert_eq!(config.max_uncommitted(), WindowConfig::DEFAULT_MAX_UNCOMMITTED);
+/// assert_eq!(config.with_max_uncommitted(100).unwrap().max_uncommitted(), 100);
 /// assert_eq!(WindowConfig::default().max_in_flight(), 64);
 /// assert!(WindowConfig::new(0, NullKeys::Ordered).is_err());
 /// assert!(WindowConfig::new(WindowConfig::MAX_IN_FLIGHT + 1, NullKeys::Ordered).is_err());
+/// // Fewer records uncommitted than in handling cannot be.
+/// assert!(config.with_max_uncommitted(15).is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowConfig {
     max_in_flight: usize,
     null_keys: NullKeys,
+    max_uncommitted: usize,
 }
 
 impl WindowConfig {
@@ -62,7 +74,19 @@ impl WindowConfig {
     /// partition is a configuration mistake, not a throughput setting.
     pub const MAX_IN_FLIGHT: usize = 10_000;
 
-    /// `max_in_flight` records at most (1 is the sequential consumer).
+    /// How many records the window holds at most unless told otherwise
+    /// (or `max_in_flight`, if more): enough for a partition that handles
+    /// records in microseconds to go on while the broker acknowledges a
+    /// republication, few enough that a crash redelivers seconds of work
+    /// at most.
+    pub const DEFAULT_MAX_UNCOMMITTED: usize = 4_096;
+
+    /// The most records a window may be told to hold.
+    pub const MAX_UNCOMMITTED: usize = 100_000;
+
+    /// `max_in_flight` records in handling at most (1 is the sequential
+    /// consumer), [`DEFAULT_MAX_UNCOMMITTED`](Self::DEFAULT_MAX_UNCOMMITTED)
+    /// records in the window at most (or `max_in_flight`, if more).
     pub fn new(max_in_flight: usize, null_keys: NullKeys) -> Result<Self> {
         if !(1..=Self::MAX_IN_FLIGHT).contains(&max_in_flight) {
             return Err(Error::InvalidWindow(format!(
@@ -70,12 +94,32 @@ impl WindowConfig {
                 Self::MAX_IN_FLIGHT
             )));
         }
-        Ok(WindowConfig { max_in_flight, null_keys })
+        let max_uncommitted = Self::DEFAULT_MAX_UNCOMMITTED.max(max_in_flight);
+        Ok(WindowConfig { max_in_flight, null_keys, max_uncommitted })
     }
 
-    /// How many records may be in the window at once.
+    /// The same, holding at most `max_uncommitted` records from the commit
+    /// position on: in handling, or handled above a record not done yet.
+    pub fn with_max_uncommitted(self, max_uncommitted: usize) -> Result<Self> {
+        if !(self.max_in_flight..=Self::MAX_UNCOMMITTED).contains(&max_uncommitted) {
+            return Err(Error::InvalidWindow(format!(
+                "max uncommitted is {max_uncommitted}: expected {} (max in flight) to {}",
+                self.max_in_flight,
+                Self::MAX_UNCOMMITTED
+            )));
+        }
+        Ok(WindowConfig { max_uncommitted, ..self })
+    }
+
+    /// How many records may be in handling at once.
     pub fn max_in_flight(&self) -> usize {
         self.max_in_flight
+    }
+
+    /// How many records the window holds at most: a crash redelivers at
+    /// most these (besides what finished since the last commit).
+    pub fn max_uncommitted(&self) -> usize {
+        self.max_uncommitted
     }
 
     /// How records without a key are ordered.
@@ -85,9 +129,10 @@ impl WindowConfig {
 }
 
 impl Default for WindowConfig {
-    /// 64 records, records without a key in order.
+    /// 64 records in handling, records without a key in order,
+    /// [`DEFAULT_MAX_UNCOMMITTED`](Self::DEFAULT_MAX_UNCOMMITTED) in all.
     fn default() -> Self {
-        WindowConfig { max_in_flight: 64, null_keys: NullKeys::Ordered }
+        WindowConfig { max_in_flight: 64, null_keys: NullKeys::Ordered, max_uncommitted: Self::DEFAULT_MAX_UNCOMMITTED }
     }
 }
 
@@ -177,6 +222,8 @@ pub struct InFlightWindow {
     /// Kept as records come and go, so starting costs what starts, not the
     /// whole window.
     ready: Vec<i64>,
+    /// How many records are waiting or running.
+    in_handling: usize,
     /// The next offset expected, and the commit position when the window is empty.
     next_offset: i64,
 }
@@ -202,13 +249,16 @@ impl InFlightWindow {
             lanes: HashMap::default(),
             hasher: RandomState::new(),
             ready: Vec::new(),
+            in_handling: 0,
             next_offset: start,
         }
     }
 
-    /// How many more records it takes now.
+    /// How many more records it takes now: as many as fit in handling and
+    /// in the window.
     pub fn room(&self) -> usize {
-        self.config.max_in_flight - self.entries.len()
+        let handling = self.config.max_in_flight - self.in_handling;
+        handling.min(self.config.max_uncommitted - self.entries.len())
     }
 
     /// Whether no record is in it.
@@ -216,9 +266,15 @@ impl InFlightWindow {
         self.entries.is_empty()
     }
 
-    /// How many records are in it (waiting, running or done above an unfinished one).
+    /// How many records are in it (waiting, running, awaiting their
+    /// republication's acknowledgement, or done above an unfinished one).
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// How many records are in handling: waiting for their key, or running.
+    pub fn in_handling(&self) -> usize {
+        self.in_handling
     }
 
     /// Takes the record at `offset` with `key`. Offsets must increase (gaps
@@ -253,6 +309,7 @@ impl InFlightWindow {
             self.ready.push(offset);
         }
         self.entries.push_back(Entry { offset, lane, state: State::Waiting, next_in_lane: None });
+        self.in_handling += 1;
         self.next_offset = offset + 1;
         Ok(())
     }
@@ -295,6 +352,7 @@ impl InFlightWindow {
             .filter(|i| self.entries[*i].state == State::Running)
             .ok_or_else(|| Error::InvalidWindow(format!("record at offset {offset} released but it is not running")))?;
         self.entries[index].state = State::Released;
+        self.in_handling -= 1;
         self.free_lane(index);
         Ok(())
     }
@@ -310,6 +368,7 @@ impl InFlightWindow {
             .filter(|i| matches!(self.entries[*i].state, State::Running | State::Released))
             .ok_or_else(|| Error::InvalidWindow(format!("record at offset {offset} finished but it is not running")))?;
         if self.entries[index].state == State::Running {
+            self.in_handling -= 1;
             self.free_lane(index);
         }
         self.entries[index].state = State::Done;

@@ -121,6 +121,16 @@ pub(crate) struct Outgoing {
     pub(crate) codec: Codec,
 }
 
+impl Outgoing {
+    /// What it adds to a produce request before compression.
+    pub(crate) fn estimated_size(&self) -> usize {
+        batch::record_size(
+            NewRecord { key: self.key.as_deref(), value: self.value.as_deref(), timestamp: 0 },
+            self.headers.iter().map(|h| (&h.name[..], h.value.as_deref())),
+        )
+    }
+}
+
 /// `headers` as written on the wire.
 pub(crate) fn raw_headers(headers: &Headers) -> Vec<RawHeader> {
     headers
@@ -475,14 +485,6 @@ fn encode(records: &[Outgoing], producer: Option<Sequenced>) -> Bytes {
     batch::encode(&input, codec, producer)
 }
 
-/// What one record adds to a produce request before compression.
-fn estimated_size(record: &Outgoing) -> usize {
-    batch::record_size(
-        NewRecord { key: record.key.as_deref(), value: record.value.as_deref(), timestamp: 0 },
-        record.headers.iter().map(|h| (&h.name[..], h.value.as_deref())),
-    )
-}
-
 /// Cuts `records` into runs, in order, of at most `max_bytes` (estimated)
 /// each and of one codec; a record larger than that alone makes a run.
 fn chunks(records: Vec<Outgoing>, max_bytes: usize) -> Vec<Vec<Outgoing>> {
@@ -490,7 +492,7 @@ fn chunks(records: Vec<Outgoing>, max_bytes: usize) -> Vec<Vec<Outgoing>> {
     let mut out: Vec<Vec<Outgoing>> = Vec::new();
     let mut size = 0;
     for record in records {
-        let n = estimated_size(&record);
+        let n = record.estimated_size();
         match out.last_mut() {
             Some(run) if size + n <= max_bytes && run[0].codec == record.codec => {
                 size += n;

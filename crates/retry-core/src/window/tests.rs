@@ -106,6 +106,30 @@ fn misuse_is_an_error_not_a_silent_skip() {
 }
 
 #[test]
+fn records_handled_above_an_unfinished_one_hold_no_place_in_handling() {
+    let config = WindowConfig::new(2, NullKeys::Ordered).unwrap().with_max_uncommitted(4).unwrap();
+    let mut w = InFlightWindow::new(config, 0);
+    w.admit(0, Some(b"a")).unwrap();
+    w.admit(1, Some(b"b")).unwrap();
+    assert_eq!(w.room(), 0, "two in handling, the most");
+    assert!(w.start_ready().eq([0, 1]));
+    w.release(0).unwrap();
+    assert_eq!((w.in_handling(), w.room()), (1, 1), "0 awaits its acknowledgement: its place is free");
+    assert_eq!(w.finish(1).unwrap(), None, "0 holds the position");
+    assert_eq!((w.in_handling(), w.room()), (0, 2));
+    w.admit(2, Some(b"c")).unwrap();
+    w.admit(3, Some(b"d")).unwrap();
+    assert!(w.start_ready().eq([2, 3]));
+    assert_eq!(w.finish(2).unwrap(), None);
+    assert_eq!(w.finish(3).unwrap(), None);
+    assert_eq!((w.in_handling(), w.len(), w.room()), (0, 4, 0), "four above the position, the most");
+    assert_eq!(w.finish(0).unwrap(), Some(4), "acknowledged: the position passes everything done");
+    assert_eq!((w.len(), w.room()), (0, 2));
+    assert!(config.with_max_uncommitted(1).is_err(), "fewer than in handling");
+    assert!(config.with_max_uncommitted(WindowConfig::MAX_UNCOMMITTED + 1).is_err());
+}
+
+#[test]
 fn an_empty_window_commits_past_skipped_offsets() {
     let mut w = window(4, NullKeys::Ordered, 100);
     assert_eq!(w.commit_position(), 100);
@@ -121,14 +145,16 @@ fn an_empty_window_commits_past_skipped_offsets() {
 proptest! {
     /// For any keys and any order of completions: a key never has two
     /// records running, each key's records start in offset order, every
-    /// record runs exactly once, the window never holds more than its size,
-    /// and the commit position never passes an unfinished record.
+    /// record runs exactly once, the window never has more records in
+    /// handling, nor holds more in all, than it may, and the commit position
+    /// never passes an unfinished record.
     #[test]
     fn any_interleaving_keeps_key_order_and_a_safe_position(
         keys in proptest::collection::vec(proptest::option::weighted(0.8, 0u8..5), 1..120),
         gaps in proptest::collection::vec(1i64..3, 120),
         picks in proptest::collection::vec(any::<prop::sample::Index>(), 400),
         max_in_flight in 1usize..12,
+        more_uncommitted in 0usize..12,
         unordered in any::<bool>(),
     ) {
         let null_keys = if unordered { NullKeys::Unordered } else { NullKeys::Ordered };
@@ -138,7 +164,9 @@ proptest! {
             offsets.push(offset);
             offset += gap;
         }
-        let mut w = window(max_in_flight, null_keys, offsets[0]);
+        let max_uncommitted = max_in_flight + more_uncommitted;
+        let config = WindowConfig::new(max_in_flight, null_keys).unwrap().with_max_uncommitted(max_uncommitted).unwrap();
+        let mut w = InFlightWindow::new(config, offsets[0]);
         let mut next = 0; // next record to admit
         let mut running: BTreeSet<i64> = BTreeSet::new();
         let mut finished: BTreeSet<i64> = BTreeSet::new();
@@ -153,7 +181,8 @@ proptest! {
                 w.admit(offsets[next], key.as_deref()).unwrap();
                 next += 1;
             }
-            prop_assert!(w.len() <= max_in_flight);
+            prop_assert!(w.in_handling() <= max_in_flight);
+            prop_assert!(w.len() <= max_uncommitted);
             for o in w.start_ready().collect::<Vec<_>>() {
                 let key = key_of[&o];
                 if key.is_some() || !unordered {

@@ -76,12 +76,15 @@ impl<H> Worker<H> {
 #[derive(Default)]
 struct Outbox {
     records: Vec<Outgoing>,
+    /// What they add to produce requests, estimated.
+    bytes: usize,
     retries: u64,
     dead_letters: u64,
 }
 
 impl Outbox {
     fn push(&mut self, record: Outgoing, dead_letter: bool) {
+        self.bytes += record.estimated_size();
         self.records.push(record);
         if dead_letter {
             self.dead_letters += 1;
@@ -419,13 +422,16 @@ impl<H: RecordHandler> Worker<H> {
         self.make_room(in_flight, *offset, client).await
     }
 
-    /// Handles the ends of records until the window has room. False when
-    /// the worker must stop. While it waits, no fetch tells how far behind
-    /// the partition is (records wait for the brake, or for a slow
-    /// handler): the lag gauge is measured from `position` now and then.
+    /// Handles the ends of records until the window has room, and the
+    /// republications decided while one is under way fill less than a
+    /// produce request (they wait in memory meanwhile). False when the
+    /// worker must stop. While it waits, no fetch tells how far behind the
+    /// partition is (records wait for the brake, for a slow handler, or for
+    /// the broker): the lag gauge is measured from `position` now and then.
     async fn make_room<'a>(&'a self, in_flight: &mut InFlight<'a>, position: i64, client: &PartitionClient) -> bool {
         let mut measure_at = tokio::time::Instant::now() + LAG_WHILE_FULL;
-        while in_flight.window.room() == 0 {
+        let max_outbox = self.shared.config.publish_max_request_bytes;
+        while in_flight.window.room() == 0 || in_flight.outbox.bytes >= max_outbox {
             if self.signals.stop.is_cancelled() || !in_flight.busy() {
                 return false;
             }
@@ -910,10 +916,15 @@ impl<H: RecordHandler> Worker<H> {
         let mut stall: Option<Stall> = None;
         let mut refused = Vec::new();
         loop {
+            let tmp_n = outbox.records.len();
+            let tmp_t = std::time::Instant::now(); // TEMP
             let result = tokio::select! {
                 _ = self.signals.abandon.cancelled() => return false,
                 result = shared.publisher.publish_all(&mut outbox.records, &mut refused) => result,
             };
+            if std::env::var_os("TMP_PUBLISH_TRACE").is_some() {
+                eprintln!("publish p{} n={} took={:?} at={:?}", self.tp.partition, tmp_n, tmp_t.elapsed(), tmp_t);
+            } // TEMP
             let result = match self.dead_letter_refused(outbox, &mut refused) {
                 Some(e) => Err(e),
                 None if !outbox.is_empty() && result.is_ok() => continue, // the dead letters of refused retries
