@@ -156,6 +156,7 @@ async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize, 
     let value = vec![b'x'; VALUE_BYTES];
     let started = Instant::now();
     let per_partition = records / partitions as usize;
+    let stamp = record_time();
     let mut tasks = Vec::new();
     for p in 0..partitions {
         let pc = client.partition_client(topic, p, UnknownTopicHandling::Retry).await.unwrap();
@@ -172,7 +173,10 @@ async fn raw(topic: &str, partitions: i32, records: usize, header_count: usize, 
                             .map(|h| (format!("x-header-{h}"), b"1700000000000".to_vec()))
                             .chain(traced.traceparent(p, i))
                             .collect(),
-                        timestamp: Utc.timestamp_millis_opt(1_700_000_000_000).unwrap(),
+                        // Now: a record older than the topic's retention
+                        // would be deleted under the scenario by the
+                        // broker's next retention check.
+                        timestamp: Utc.timestamp_millis_opt(stamp).unwrap(),
                     })
                     .collect();
                 pc.produce(batch, Compression::NoCompression).await.unwrap();
@@ -238,6 +242,13 @@ async fn orders(topic: &str, partitions: i32, records: usize) -> String {
         t.await.unwrap();
     }
     format!("produce_per_s={:.0}", rate(records, started.elapsed()))
+}
+
+/// When the records the scenarios fill their topics with say they were
+/// written: now, unless `$BENCH_RECORD_TIME` (ms since the epoch) says
+/// otherwise, as it does to show what retention makes of old records.
+fn record_time() -> i64 {
+    std::env::var("BENCH_RECORD_TIME").ok().and_then(|t| t.parse().ok()).unwrap_or_else(now_ms)
 }
 
 fn now_ms() -> i64 {
@@ -311,6 +322,12 @@ struct Bench {
     source_ended: AtomicU64,
     /// When the last source record's call ended.
     all_handled: std::sync::OnceLock<Instant>,
+    /// First calls that failed: their records go to the rung.
+    failed: AtomicU64,
+    /// Per partition and offset of the source, whether a first call of
+    /// that record ended: the group must commit no offset above one that
+    /// has not.
+    ended: Vec<Vec<std::sync::atomic::AtomicBool>>,
 }
 
 impl RecordHandler for Bench {
@@ -322,19 +339,69 @@ impl RecordHandler for Bench {
             tokio::time::sleep(latency).await;
         }
         let source = record.attempt == 1;
-        if source && self.source_ended.fetch_add(1, Relaxed) + 1 == self.records {
-            self.all_handled.get_or_init(Instant::now);
+        if source {
+            let ended = usize::try_from(record.partition)
+                .ok()
+                .and_then(|p| self.ended.get(p))
+                .and_then(|p| usize::try_from(record.offset).ok().and_then(|o| p.get(o)));
+            // Before the call returns: its commit can only come after.
+            if let Some(ended) = ended {
+                ended.store(true, std::sync::atomic::Ordering::Release);
+            }
+            if self.source_ended.fetch_add(1, Relaxed) + 1 == self.records {
+                self.all_handled.get_or_init(Instant::now);
+            }
         }
         if source && (n * 7919) % 100 < self.failure_percent {
+            self.failed.fetch_add(1, Relaxed);
             return Err(HandlerError::transient("benchmark failure"));
         }
         Ok(())
     }
 }
 
+impl Bench {
+    /// The offsets of `partition` from `from` to below `to` whose first
+    /// call has not ended, as ranges.
+    fn unended(&self, partition: usize, from: i64, to: i64) -> Vec<(i64, i64)> {
+        let mut ranges: Vec<(i64, i64)> = Vec::new();
+        for offset in from.max(0)..to {
+            let ended = self.ended[partition]
+                .get(offset as usize)
+                .is_some_and(|e| e.load(std::sync::atomic::Ordering::Acquire));
+            if ended {
+                continue;
+            }
+            match ranges.last_mut() {
+                Some((_, end)) if *end == offset => *end = offset + 1,
+                _ => ranges.push((offset, offset + 1)),
+            }
+        }
+        ranges
+    }
+}
+
+/// The listener's counters that tell why a scenario went wrong.
+fn counters(stats: &retry_kafka::StatsSnapshot) -> String {
+    format!(
+        "offset_resets={} positions_kept={} handler_timeouts={} rebalances={} fetch_failures={} \
+         publish_failures={} commit_failures={} worker_failures={}",
+        stats.offset_resets,
+        stats.positions_kept,
+        stats.handler_timeouts,
+        stats.rebalances,
+        stats.fetch_failures,
+        stats.publish_failures,
+        stats.commit_failures,
+        stats.worker_failures
+    )
+}
+
 /// A listener drains `topic` (see the module's `pipeline`), its calls run
 /// as `calls` says, in a group of its own for each, so one topic can be
-/// drained both ways.
+/// drained both ways. Every reading of the group's committed offsets is
+/// checked: no offset is committed above a record whose first call had not
+/// ended (the scenario fails, with the listener's counters, if one is).
 async fn pipeline(
     topic: &str,
     partitions: i32,
@@ -351,25 +418,65 @@ async fn pipeline(
     config.window =
         retry_core::window::WindowConfig::new(max_in_flight, retry_core::window::NullKeys::Ordered).expect("window");
     config.handler_calls = calls;
+    let per_partition = records / partitions as usize;
     let handler = Arc::new(Bench {
         failure_percent,
         latency,
         handled: AtomicU64::new(0),
         first_handled: std::sync::OnceLock::new(),
-        records: (records / partitions as usize * partitions as usize) as u64,
+        records: (per_partition * partitions as usize) as u64,
         source_ended: AtomicU64::new(0),
         all_handled: std::sync::OnceLock::new(),
+        failed: AtomicU64::new(0),
+        ended: (0..partitions)
+            .map(|_| (0..per_partition).map(|_| std::sync::atomic::AtomicBool::new(false)).collect())
+            .collect(),
     });
     let started = Instant::now();
     let listener = Listener::start(config, handler.clone()).await.expect("listener");
+    // Settled: every source record's first call ended, and the broker
+    // acknowledged the republication of every one that failed.
+    let settled = tokio::spawn({
+        let (handler, stats) = (handler.clone(), listener.stats().clone());
+        async move {
+            loop {
+                let snapshot = stats.snapshot();
+                let republished = snapshot.retried + snapshot.dead_lettered;
+                if handler.all_handled.get().is_some() && republished >= handler.failed.load(Relaxed) {
+                    return Instant::now();
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    });
     // Drained: the source group committed every record.
     let tps: Vec<TopicPartition> = (0..partitions).map(|p| TopicPartition::new(topic, p)).collect();
     let mut offsets = GroupOffsets::new(connection, &group);
-    let per_partition = (records / partitions as usize) as i64;
+    let per_partition = per_partition as i64;
+    // Per partition, the offset below which every committed record was checked.
+    let mut checked = vec![0i64; partitions as usize];
     loop {
         match offsets.committed(&tps).await {
-            Ok(committed) if committed.values().all(|o| *o == Some(per_partition)) => break,
-            Ok(_) => {}
+            Ok(committed) => {
+                for (tp, offset) in &committed {
+                    let (p, Some(offset)) = (tp.partition as usize, *offset) else { continue };
+                    let unended = handler.unended(p, checked[p], offset);
+                    if !unended.is_empty() {
+                        let stats = listener.stats().snapshot();
+                        panic!(
+                            "the group committed {topic}/{p} at {offset}, above records whose first call had not \
+                             ended: {unended:?} ({} of {} first calls ended; {})",
+                            handler.source_ended.load(Relaxed),
+                            handler.records,
+                            counters(&stats)
+                        );
+                    }
+                    checked[p] = checked[p].max(offset);
+                }
+                if committed.values().all(|o| *o == Some(per_partition)) {
+                    break;
+                }
+            }
             // A busy broker may answer late; the drain goes on meanwhile.
             Err(e) => eprintln!("reading committed offsets: {e}"),
         }
@@ -377,27 +484,31 @@ async fn pipeline(
     }
     let first = *handler.first_handled.get().expect("records were handled");
     let elapsed = first.elapsed();
+    let stats = listener.stats().snapshot();
     let Some(&all_handled) = handler.all_handled.get() else {
         panic!(
-            "the group committed every record, yet only {} of {} first calls ended ({} calls in all)",
+            "the group committed every record, yet only {} of {} first calls ended ({} calls in all; {})",
             handler.source_ended.load(Relaxed),
             handler.records,
-            handler.handled.load(Relaxed)
+            handler.handled.load(Relaxed),
+            counters(&stats)
         )
     };
     let join = first.duration_since(started);
-    let stats = listener.stats().snapshot();
+    let settled = settled.await.expect("the settled watch does not panic");
     listener.shutdown().await;
     let total = per_partition as usize * partitions as usize;
     format!(
-        "drain_per_s={:.0} handled_per_s={:.0} commit_tail_ms={} join_ms={} handled={} retried={} publish_failures={}",
+        "drain_per_s={:.0} handled_per_s={:.0} settled_per_s={:.0} commit_tail_ms={} join_ms={} handled={} \
+         retried={} {}",
         rate(total, elapsed),
         rate(total, all_handled.duration_since(first)),
+        rate(total, settled.duration_since(first)),
         (elapsed - all_handled.duration_since(first)).as_millis(),
         join.as_millis(),
         handler.handled.load(Relaxed),
         stats.retried,
-        stats.publish_failures
+        counters(&stats)
     )
 }
 

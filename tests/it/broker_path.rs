@@ -22,12 +22,15 @@ async fn create_produce_and_fetch_a_record_with_headers() {
         ("binary".to_owned(), vec![0, 159, 146, 150]),
         ("empty".to_owned(), vec![]),
     ]);
+    // Stamped now: records older than the topic's retention could be
+    // deleted by the broker's next retention check, under the test.
+    let now = crate::support::chrono_now_millis();
     let records: Vec<Record> = (0..3)
         .map(|i| Record {
             key: Some(format!("key-{i}").into_bytes()),
             value: Some(format!("{{\"n\":{i}}}").into_bytes()),
             headers: headers.clone(),
-            timestamp: Utc.timestamp_millis_opt(1_700_000_000_000 + i).unwrap(),
+            timestamp: Utc.timestamp_millis_opt(now + i).unwrap(),
         })
         .collect();
     let offsets = within("produce", partition.produce(records.clone(), Compression::NoCompression)).await.unwrap();
