@@ -16,13 +16,16 @@ use crate::{
 /// How big the run is.
 #[derive(clap::Args)]
 pub(crate) struct BenchArgs {
-    /// Records in the source topic of each scenario.
+    /// Records in the source topic of each scenario with a handler that
+    /// takes time (the 50 ms rows).
     #[arg(long, default_value_t = 15_000)]
     records: usize,
-    /// Records of the no-op drains (with and without a traceparent): on
-    /// Apache Kafka they run at hundreds of thousands a second, and a
-    /// shorter drain would time its commit tail more than its records.
-    #[arg(long, default_value_t = 60_000)]
+    /// Records of the drains with a handler that costs nothing (no-op,
+    /// with a traceparent, 10% and 100% transient failures): on Apache
+    /// Kafka they run at up to a million a second, and a shorter drain
+    /// would time its set-up (the first republication's producer id and
+    /// connection) more than its records.
+    #[arg(long, default_value_t = 240_000)]
     drain_records: usize,
     /// Partitions of every topic.
     #[arg(long, default_value_t = 3)]
@@ -140,30 +143,38 @@ fn pipeline(
                 );
                 scenario(&[how, &topic, &p, &n, failure, latency, window])
             };
-        // The ceilings at the no-op drains' size, so the rows compare.
+        // The ceilings at the drains' size, so the rows compare.
         let n = args.drain_records.to_string();
         eprintln!("producing {n} records of 256 bytes over {p} partitions, then draining them...");
         let raw = scenario(&["raw", &format!("bench-{run_id}-raw"), &p, &n])?;
-        // The no-op drains, with and without a trace context read (export
-        // off) on every record, take turns after a round not counted (the
+        // The drains with a handler that costs nothing (no-op, a trace
+        // context read on every record with export off, 10% and 100%
+        // transient failures) take turns after a round not counted (the
         // broker's first group and fetches): the medians are shown, as the
-        // difference is smaller than one run's noise.
+        // differences are near one run's noise.
         fill("fill-and-drain", args.drain_records, "0", "0", "64")?;
-        let (mut noops, mut traceds) = (Vec::new(), Vec::new());
+        let (mut noops, mut traceds, mut somes, mut alls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..RUNS {
             noops.push(fill("fill-and-drain", args.drain_records, "0", "0", "64")?);
             traceds.push(fill("fill-traced-and-drain", args.drain_records, "0", "0", "64")?);
+            somes.push(fill("fill-and-drain", args.drain_records, "10", "0", "64")?);
+            alls.push(fill("fill-and-drain", args.drain_records, "100", "0", "64")?);
         }
         let each = |runs: &[Figures]| -> anyhow::Result<String> {
-            let rates: anyhow::Result<Vec<String>> =
-                runs.iter().map(|f| Ok(format!("{:.0}", f.get("handled_per_s")?))).collect();
+            let rates: anyhow::Result<Vec<String>> = runs.iter().map(|f| Ok(format!("{:.0}", f.get(RATE)?))).collect();
             Ok(rates?.join(", "))
         };
-        let runs = format!("no-op runs {}; with a traceparent {}", each(&noops)?, each(&traceds)?);
-        let noop = median_run(noops, "handled_per_s")?;
-        let traced = median_run(traceds, "handled_per_s")?;
-        let some = fill("fill-and-drain", args.records, "10", "0", "64")?;
-        let all = fill("fill-and-drain", args.records, "100", "0", "64")?;
+        let runs = format!(
+            "no-op {}; with a traceparent {}; 10% transient {}; 100% transient {}",
+            each(&noops)?,
+            each(&traceds)?,
+            each(&somes)?,
+            each(&alls)?
+        );
+        let noop = median_run(noops, RATE)?;
+        let traced = median_run(traceds, RATE)?;
+        let some = median_run(somes, RATE)?;
+        let all = median_run(alls, RATE)?;
         let sequential = fill("fill-and-drain", args.sequential_records, "0", "50ms", "1")?;
         let windowed = fill("fill-and-drain", args.records, "0", "50ms", "64")?;
         let windowed_failing = fill("fill-and-drain", args.records, "10", "50ms", "64")?;
@@ -172,66 +183,74 @@ fn pipeline(
         let headers = scenario(&["raw-headers", &format!("bench-{run_id}-headers"), &p, &n])?;
 
         let fetch = raw.get("fetch_per_s")?;
-        let noop_rate = noop.get("handled_per_s")?;
+        let noop_rate = noop.get(RATE)?;
         println!();
         println!(
             "{:<52} {:>10} {:>22} {:>14} {:>9} {:>10}",
             "scenario", "records/s", "relative", "committed (s)", "join (s)", "RSS (MiB)"
         );
-        let row = |name: &str, rate: f64, relative: String, f: &Figures| -> anyhow::Result<()> {
+        let mut counted = Vec::new();
+        let mut row = |name: &str, rate: f64, relative: String, f: &Figures| -> anyhow::Result<()> {
             let rss = f.get("peak_rss_kib")? / 1024.0;
             let seconds = |key: &str| f.get(key).map(|ms| format!("{:.1}", ms / 1000.0)).unwrap_or_default();
             let (tail, join) = (seconds("commit_tail_ms"), seconds("join_ms"));
             println!("{name:<52} {rate:>10.0} {relative:>22} {tail:>14} {join:>9} {rss:>10.1}");
+            // The listener's counters that tell of trouble, where a row had any.
+            let trouble: Vec<String> = COUNTERS
+                .iter()
+                .filter_map(|key| f.get(key).ok().filter(|n| *n > 0.0).map(|n| format!("{key}={n:.0}")))
+                .collect();
+            if !trouble.is_empty() {
+                counted.push(format!("{name}: {}", trouble.join(" ")));
+            }
             Ok(())
         };
         row("rskafka produce, batches of 500 (ceiling)", raw.get("produce_per_s")?, String::new(), &raw)?;
-        row(
-            "rskafka produce with 11 retry headers",
-            headers.get("produce_per_s")?,
-            "republish ceiling".into(),
-            &headers,
-        )?;
+        let republish = headers.get("produce_per_s")?;
+        row("rskafka produce with 11 retry headers", republish, "republish ceiling".into(), &headers)?;
         row("rskafka fetch (ceiling)", fetch, "100% of fetch".into(), &raw)?;
         let pct = |a: f64, b: f64| format!("{:.0}%", 100.0 * a / b);
         row("pipeline, no-op handler", noop_rate, format!("{} of fetch", pct(noop_rate, fetch)), &noop)?;
-        let traced_rate = traced.get("handled_per_s")?;
+        let traced_rate = traced.get(RATE)?;
         row(
             "pipeline, no-op, a traceparent on each record",
             traced_rate,
             format!("{} of no-op", pct(traced_rate, noop_rate)),
             &traced,
         )?;
-        let some_rate = some.get("handled_per_s")?;
+        let some_rate = some.get(RATE)?;
         row("pipeline, 10% transient failures", some_rate, format!("{} of no-op", pct(some_rate, noop_rate)), &some)?;
-        let all_rate = all.get("handled_per_s")?;
+        let all_rate = all.get(RATE)?;
         row(
             "pipeline, 100% transient (source drain)",
             all_rate,
-            format!("{} of no-op", pct(all_rate, noop_rate)),
+            format!("{} of republish", pct(all_rate, republish)),
             &all,
         )?;
-        let sequential_rate = sequential.get("handled_per_s")?;
+        let sequential_rate = sequential.get(RATE)?;
         row("50 ms handler, one record at a time (baseline)", sequential_rate, "1x".into(), &sequential)?;
         let times = |rate: f64| format!("{:.1}x the baseline", rate / sequential_rate);
-        let windowed_rate = windowed.get("handled_per_s")?;
+        let windowed_rate = windowed.get(RATE)?;
         row("50 ms handler, 64 in flight per partition", windowed_rate, times(windowed_rate), &windowed)?;
-        let failing_rate = windowed_failing.get("handled_per_s")?;
+        let failing_rate = windowed_failing.get(RATE)?;
         row("50 ms handler, 64 in flight, 10% transient", failing_rate, times(failing_rate), &windowed_failing)?;
-        let mix_rate = mix.get("handled_per_s")?;
+        let mix_rate = mix.get(RATE)?;
         row("10-200 ms handler, 64 in flight", mix_rate, times(mix_rate), &mix)?;
         println!();
-        println!("pipeline rates: from the first handled record to the last source record handled (the group");
-        println!("joins before it are the join column); the source group had committed every record that much");
-        println!("later (committed column: up to the commit interval, 1 s, for the last records). Every scenario");
-        println!("on one Apache Kafka broker; failed records are republished (acks=all) to the retry rung before");
-        println!("their offset is committed, 64 records a partition at most awaiting the broker's answer.");
-        println!("The two no-op rows are medians of {RUNS} runs taking turns, after one not counted; the ceilings");
+        println!("pipeline rates: from the first handled record until every source record's first call ended and");
+        println!("the broker acknowledged every failed record's republication (acks=all) to the retry rung (the group");
+        println!("joins before it are the join column); the source group had committed every record that much later");
+        println!("(committed column: up to the commit interval, 1 s, for the last records). Every row checked that no");
+        println!("offset was committed above a record whose first call had not ended. Every scenario on one Apache");
+        println!("Kafka broker. The four 0 ms drains are medians of {RUNS} runs taking turns, after one not counted;");
         println!(
-            "and the no-op rows move {} records, the other rows {} ({runs} records/s). The fetch",
+            "the ceilings and those drains move {} records, the 50 ms rows {} ({runs} records/s). The fetch",
             args.drain_records, args.records
         );
         println!("ceiling includes its first fetch, which the pipeline's rates leave out.");
+        for line in counted {
+            println!("counters: {line}");
+        }
     }
     Ok(())
 }
@@ -306,6 +325,22 @@ fn rebalance(binary: &std::path::Path, orders: usize, partitions: i32) -> anyhow
 
 /// How many times the scenarios compared by their medians run.
 const RUNS: usize = 3;
+
+/// The rate of a pipeline row: records per second from the first handled
+/// record until all were handled and every republication acknowledged.
+const RATE: &str = "settled_per_s";
+
+/// The listener's counters a pipeline row reports, which tell why a row
+/// went slower than it should (all zero in a clean run).
+const COUNTERS: [&str; 7] = [
+    "offset_resets",
+    "positions_kept",
+    "handler_timeouts",
+    "fetch_failures",
+    "publish_failures",
+    "commit_failures",
+    "worker_failures",
+];
 
 fn median(mut rates: Vec<f64>) -> f64 {
     rates.sort_by(f64::total_cmp);
@@ -385,14 +420,14 @@ fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
                     "--compression",
                     codec,
                 ])?;
-                let drained = bench(&["pipeline", &topic, &p, &n, "0", "0", "64"])?.get("handled_per_s")?;
+                let drained = bench(&["pipeline", &topic, &p, &n, "0", "0", "64"])?.get(RATE)?;
                 let (librdkafka_rate, fetch_rate, spawned_rate) = if codec == "none" {
                     let drain = ["drain", "--brokers", &addr, "--topic", &topic, "--partitions", &p, "--records", &n];
                     let spawned = ["pipeline", &topic, &p, &n, "0", "0", "64", "spawned"];
                     (
                         Some(foreign(&drain)?.get("records_per_s")?),
                         Some(bench(&["fetch", &topic, &p, &n])?.get("fetch_per_s")?),
-                        Some(bench(&spawned)?.get("handled_per_s")?),
+                        Some(bench(&spawned)?.get(RATE)?),
                     )
                 } else {
                     (None, None, None)

@@ -106,7 +106,7 @@ pub(crate) fn ci(args: &CiArgs) -> anyhow::Result<()> {
     let mut steps = Steps::default();
     let result = checks_then_lanes(args.plan(), &mut steps);
     // A check that failed leaves the build of tansu unfinished.
-    crate::interrupt::stop_children();
+    crate::children::stop_children();
     let title = match &result {
         Ok(()) => "ci: all checks passed",
         Err(_) => "ci: FAILED",
@@ -187,7 +187,7 @@ fn run_lanes(
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("cannot start the {} lane", lane.name()))?;
-        crate::interrupt::child_started(child.id());
+        crate::children::started(child.id());
         let prefix = format!("{:<5} | ", lane.name());
         let out = child.stdout.take().map(|o| prefixed(o, prefix.clone()));
         let err = child.stderr.take().map(|e| prefixed(e, prefix));
@@ -202,7 +202,7 @@ fn run_lanes(
     let mut ended = Vec::new();
     for (lane, started, mut child, readers) in running {
         let status = child.wait()?;
-        crate::interrupt::child_ended(child.id());
+        crate::children::ended(child.id());
         for reader in readers {
             let _ = reader.join();
         }

@@ -1,7 +1,7 @@
 //! Stopping what xtask started when it is interrupted (SIGINT, SIGTERM):
-//! brokers, and the children that run beside it (the lanes of `ci`, a build
-//! in the background), run in process groups of their own, so a Ctrl-C or a
-//! `timeout` aimed at xtask does not reach them, and xtask stops them itself.
+//! brokers, and the children that run beside it ([`crate::children`]), run
+//! in process groups of their own, so a Ctrl-C or a `timeout` aimed at
+//! xtask does not reach them, and xtask stops them itself.
 
 use std::sync::Mutex;
 
@@ -10,12 +10,6 @@ use crate::broker::Broker;
 /// Brokers this process started and must stop, by address.
 static STARTED: Mutex<Vec<Broker>> = Mutex::new(Vec::new());
 
-/// Process groups this process started and must stop, by their leader's pid.
-static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
-
-/// How long a child told to stop may take to stop what it started.
-const CHILD_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// Stops the brokers of [`started`] on SIGINT or SIGTERM, then exits with
 /// 128 + the signal's number, as a shell reports a death by signal.
 pub(crate) fn install() -> anyhow::Result<()> {
@@ -23,7 +17,7 @@ pub(crate) fn install() -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
-            stop_children();
+            crate::children::stop_children();
             let brokers = STARTED.lock().map(|b| b.clone()).unwrap_or_default();
             for broker in brokers {
                 eprintln!("interrupted: stopping the broker at {}", broker.addr);
@@ -48,30 +42,5 @@ pub(crate) fn started(broker: &Broker) {
 pub(crate) fn stopped(broker: &Broker) {
     if let Ok(mut brokers) = STARTED.lock() {
         brokers.retain(|b| b.addr != broker.addr);
-    }
-}
-
-/// Notes that the process group led by `pid` is to be stopped if xtask is
-/// interrupted, or ends early ([`stop_children`]).
-pub(crate) fn child_started(pid: u32) {
-    if let Ok(mut children) = CHILDREN.lock() {
-        children.push(pid);
-    }
-}
-
-/// Notes that the process group led by `pid` ended.
-pub(crate) fn child_ended(pid: u32) {
-    if let Ok(mut children) = CHILDREN.lock() {
-        children.retain(|c| *c != pid);
-    }
-}
-
-/// Stops every process group of [`child_started`] still running: TERM
-/// (a lane then stops its brokers), KILL after a grace period.
-pub(crate) fn stop_children() {
-    let children = CHILDREN.lock().map(|c| c.clone()).unwrap_or_default();
-    for pid in children {
-        crate::process::stop_group(pid, CHILD_GRACE);
-        child_ended(pid);
     }
 }

@@ -10,6 +10,7 @@ mod bench;
 mod book;
 mod broker;
 mod browser;
+mod children;
 mod ci;
 mod circles;
 mod demo;

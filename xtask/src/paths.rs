@@ -93,7 +93,7 @@ pub(crate) fn cargo_install_cached(
     match priority {
         Priority::Normal => crate::process::run(&mut install)?,
         // A process group of its own, which xtask stops if it ends first.
-        Priority::Background => crate::process::run_in_group(&mut install)?,
+        Priority::Background => crate::children::run_in_group(&mut install)?,
     }
     std::fs::rename(&partial, &dir)
         .with_context(|| format!("cannot move {} to {}", partial.display(), dir.display()))?;

@@ -15,23 +15,6 @@ pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `cmd` like [`run`], in a process group of its own that xtask stops
-/// if it is interrupted or ends first ([`crate::interrupt::stop_children`]).
-pub(crate) fn run_in_group(cmd: &mut Command) -> anyhow::Result<()> {
-    use std::os::unix::process::CommandExt as _;
-    let shown = show(cmd);
-    eprintln!("$ {shown}");
-    let mut child = cmd.process_group(0).spawn().with_context(|| format!("cannot start `{shown}`"))?;
-    crate::interrupt::child_started(child.id());
-    let status = child.wait();
-    crate::interrupt::child_ended(child.id());
-    let status = status.with_context(|| format!("cannot wait for `{shown}`"))?;
-    if !status.success() {
-        bail!("`{shown}` failed ({status})");
-    }
-    Ok(())
-}
-
 /// The command as a shell line, for messages.
 pub(crate) fn show(cmd: &Command) -> String {
     let mut line = cmd.get_program().to_string_lossy().into_owned();
