@@ -603,7 +603,7 @@ fn run_integration_tests(target: &Target<'_>, built: &Built, pass: Pass, test_ar
     Ok(())
 }
 
-/// Runs the tests' binary `cmd` like [`run`], showing its program only:
+/// Runs the tests' binary `cmd` like [`crate::process::run`], showing its program only:
 /// the list of test names it carries is long.
 fn run_quietly(cmd: &mut Command) -> anyhow::Result<()> {
     let extra: Vec<String> =
