@@ -11,6 +11,9 @@ use crate::{
     support::{eventually, produce},
 };
 
+/// How long the browser may take to go through the console.
+const BROWSER_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Waits until `service` says its own records wait for a pause (`true`) or
 /// run (`false`), and returns its answer.
 async fn paused_here(service: &Service, paused: bool) -> serde_json::Value {
@@ -200,8 +203,11 @@ async fn the_console_shows_replays_and_acknowledges_dead_letters_in_a_browser() 
 
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let shots = root.parent().unwrap().join("target").join("console-screenshots");
-    let output = integration::within(
-        "the console's browser test",
+    // A browser on two cores shared with a broker, and with the other
+    // lanes of `cargo xtask ci` (each runs this test on its own broker, at
+    // times all at once): generous, and bounded.
+    let browser = tokio::time::timeout(
+        BROWSER_TIMEOUT,
         tokio::process::Command::new("node")
             .arg(root.join("console").join("console.test.cjs"))
             .env("KAFKA_RETRY_NODE_MODULES", needed("KAFKA_RETRY_NODE_MODULES"))
@@ -216,9 +222,11 @@ async fn the_console_shows_replays_and_acknowledges_dead_letters_in_a_browser() 
             .env("CONSOLE_SCREENSHOTS", &shots)
             .kill_on_drop(true)
             .output(),
-    )
-    .await
-    .expect("node runs");
+    );
+    let output = browser
+        .await
+        .unwrap_or_else(|_| panic!("the console's browser test took longer than {BROWSER_TIMEOUT:?}"))
+        .expect("node runs");
     let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     eprintln!("{said}");
     assert!(output.status.success(), "the browser test failed:\n{said}");

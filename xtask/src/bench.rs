@@ -96,7 +96,12 @@ pub(crate) fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             Some(_) => None,
             None => {
                 eprintln!("starting one Apache Kafka broker for the pipeline scenarios...");
-                let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1)?;
+                let broker = Broker::start_kafka(
+                    Kind::plain(Implementation::Kafka),
+                    1,
+                    1,
+                    crate::kafka::JvmProfile::Throughput,
+                )?;
                 crate::interrupt::started(&broker);
                 Some(broker)
             }
@@ -259,7 +264,12 @@ fn pipeline(
 /// scenario on topics of its own, one after the other.
 fn rebalance(binary: &std::path::Path, orders: usize, partitions: i32) -> anyhow::Result<()> {
     eprintln!("starting Apache Kafka (three brokers) for the rebalance scenarios...");
-    let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), crate::integration::KAFKA_BROKERS, 1)?;
+    let broker = Broker::start_kafka(
+        Kind::plain(Implementation::Kafka),
+        crate::integration::KAFKA_BROKERS,
+        1,
+        crate::kafka::JvmProfile::Throughput,
+    )?;
     crate::interrupt::started(&broker);
     let run_id = std::process::id();
     let result = (|| -> anyhow::Result<Vec<(&str, Figures)>> {
@@ -365,7 +375,7 @@ fn codecs(binary: &std::path::Path, args: &BenchArgs) -> anyhow::Result<()> {
     let python = crate::python::interop_python()?;
     let client = workspace_root().join("tests/interop/kafka_client.py");
     eprintln!("starting one Apache Kafka broker for the codec scenarios...");
-    let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1)?;
+    let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1, crate::kafka::JvmProfile::Throughput)?;
     crate::interrupt::started(&broker);
     let result = (|| -> anyhow::Result<()> {
         let addr = broker.addr.clone();

@@ -13,7 +13,7 @@ use std::{
 use anyhow::{bail, Context};
 
 use crate::{
-    integration::{build_for_integration, run_pass, Built, Lane, Plan},
+    integration::{build_for_integration, run_pass, Built, Lane, LaneStep, Plan},
     paths::{cargo, state_dir, workspace_root},
     process::run,
     tidy::tidy,
@@ -173,7 +173,8 @@ fn run_lanes(
 ) -> anyhow::Result<Vec<(Lane, Duration, bool)>> {
     std::fs::create_dir_all(state_dir())?;
     let exe = std::env::current_exe().context("cannot find xtask's own binary")?;
-    let spawn = |lane: Lane| -> anyhow::Result<(Lane, Instant, std::process::Child, Vec<std::thread::JoinHandle<()>>)> {
+    // Each lane in a thread that waits for it and says when it ended.
+    let spawn = |lane: Lane| -> anyhow::Result<std::thread::JoinHandle<(Lane, Duration, bool)>> {
         let _ = std::fs::remove_file(lane_times(lane));
         let mut cmd = Command::new(&exe);
         cmd.current_dir(workspace_root()).args(["ci", "--lane", lane.name()]);
@@ -188,28 +189,30 @@ fn run_lanes(
             .spawn()
             .with_context(|| format!("cannot start the {} lane", lane.name()))?;
         crate::children::started(child.id());
+        let started = Instant::now();
         let prefix = format!("{:<5} | ", lane.name());
         let out = child.stdout.take().map(|o| prefixed(o, prefix.clone()));
         let err = child.stderr.take().map(|e| prefixed(e, prefix));
         eprintln!("ci: the {} lane started", lane.name());
-        Ok((lane, Instant::now(), child, out.into_iter().chain(err).collect()))
+        Ok(std::thread::spawn(move || {
+            let status = child.wait();
+            crate::children::ended(child.id());
+            for reader in out.into_iter().chain(err) {
+                let _ = reader.join();
+            }
+            let took = started.elapsed();
+            let ok = status.as_ref().is_ok_and(|s| s.success());
+            let said = if ok { "passed" } else { "FAILED" };
+            eprintln!("ci: the {} lane {said} in {} ({status:?})", lane.name(), minutes(took));
+            (lane, took, ok)
+        }))
     };
     let mut running = vec![spawn(Lane::Kafka)?, spawn(Lane::Mock)?];
     let (installed, took) = tansu.join().map_err(|_| anyhow::anyhow!("the tansu build panicked"))?;
     eprintln!("ci: tansu built in the background in {}", minutes(took));
     installed.context("building tansu for its lane")?;
     running.push(spawn(Lane::Tansu)?);
-    let mut ended = Vec::new();
-    for (lane, started, mut child, readers) in running {
-        let status = child.wait()?;
-        crate::children::ended(child.id());
-        for reader in readers {
-            let _ = reader.join();
-        }
-        eprintln!("ci: the {} lane {} ({status})", lane.name(), if status.success() { "passed" } else { "FAILED" });
-        ended.push((lane, started.elapsed(), status.success()));
-    }
-    Ok(ended)
+    running.into_iter().map(|lane| lane.join().map_err(|_| anyhow::anyhow!("a lane's watch panicked"))).collect()
 }
 
 /// Copies each line of `from` to stderr after `prefix`, in a thread.
@@ -222,19 +225,18 @@ fn prefixed(from: impl std::io::Read + Send + 'static, prefix: String) -> std::t
     })
 }
 
-/// One lane of `plan`: its passes, one after the other, then what follows
-/// them (the quick start, after the mock cluster's pass); the times of its
-/// steps are left in [`lane_times`].
+/// One lane of `plan`: its steps, one after the other; their times are
+/// left in [`lane_times`].
 fn run_lane(lane: Lane, plan: Plan) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut steps = Steps::default();
     let result = (|| {
         let built: Built = build_for_integration()?;
-        for pass in lane.passes(plan) {
-            steps.run(&pass.name(), || run_pass(pass, &built, &[]))?;
-        }
-        if lane == Lane::Mock {
-            steps.run("the quick start", crate::stack::rehearse)?;
+        for step in lane.steps(plan) {
+            match step {
+                LaneStep::Pass(pass) => steps.run(&pass.name(), || run_pass(pass, &built, &[]))?,
+                LaneStep::QuickStart => steps.run("the quick start", crate::stack::rehearse)?,
+            }
         }
         Ok(())
     })();

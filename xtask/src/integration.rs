@@ -60,17 +60,29 @@ pub(crate) enum Plan {
     Full,
 }
 
-/// The lanes of an integration run: each runs its passes one after the
-/// other, beside the other lanes (their brokers are separate processes,
-/// and only Apache Kafka's passes keep the cores busy).
+/// The lanes of an integration run: each runs its steps one after the
+/// other, beside the other lanes (their brokers are separate processes;
+/// Apache Kafka's three-broker passes keep the cores busy, the mock's tests
+/// mostly wait on timeouts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Lane {
-    /// Apache Kafka's passes.
+    /// Apache Kafka's three-broker passes: the whole suite under each group
+    /// protocol.
     Kafka,
-    /// The mock cluster's pass.
+    /// The mock cluster's pass, the quick start, then the tests about
+    /// Apache Kafka's SASL and TLS.
     Mock,
     /// tansu's passes.
     Tansu,
+}
+
+/// What a lane runs, one after the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LaneStep {
+    /// A pass of the suite.
+    Pass(Pass),
+    /// The README's quick start, rehearsed.
+    QuickStart,
 }
 
 impl Lane {
@@ -84,19 +96,39 @@ impl Lane {
         }
     }
 
-    /// The passes of this lane in `plan`, in order.
-    pub(crate) fn passes(self, plan: Plan) -> Vec<Pass> {
+    /// What this lane runs in `plan`, in order.
+    pub(crate) fn steps(self, plan: Plan) -> Vec<LaneStep> {
         let kafka = Kind::plain(Implementation::Kafka);
         let sasl_tls = kafka.secured(true, Some(ClientAuth::None));
         let mtls = kafka.secured(false, Some(ClientAuth::Required));
+        let pass = LaneStep::Pass;
         match (self, plan) {
-            (Lane::Kafka, Plan::Gate) => {
-                vec![Pass::whole(kafka), Pass::consumer(kafka), Pass::security(sasl_tls), Pass::security(mtls)]
+            (Lane::Kafka, Plan::Gate) => vec![pass(Pass::whole(kafka)), pass(Pass::consumer(kafka))],
+            (Lane::Kafka, Plan::Full) => vec![pass(Pass::whole(sasl_tls)), pass(Pass::consumer(kafka))],
+            (Lane::Mock, Plan::Gate) => vec![
+                pass(Pass::whole(Kind::MOCK)),
+                LaneStep::QuickStart,
+                pass(Pass::security(sasl_tls)),
+                pass(Pass::security(mtls)),
+            ],
+            (Lane::Mock, Plan::Full) => {
+                vec![pass(Pass::whole(Kind::MOCK)), LaneStep::QuickStart, pass(Pass::security(mtls))]
             }
-            (Lane::Kafka, Plan::Full) => vec![Pass::whole(sasl_tls), Pass::consumer(kafka), Pass::security(mtls)],
-            (Lane::Mock, _) => vec![Pass::whole(Kind::MOCK)],
-            (Lane::Tansu, _) => vec![Pass::whole(Kind::TANSU), Pass::security(Kind::TANSU.secured(true, None))],
+            (Lane::Tansu, _) => {
+                vec![pass(Pass::whole(Kind::TANSU)), pass(Pass::security(Kind::TANSU.secured(true, None)))]
+            }
         }
+    }
+
+    /// The passes of this lane in `plan`, in order.
+    pub(crate) fn passes(self, plan: Plan) -> Vec<Pass> {
+        self.steps(plan)
+            .into_iter()
+            .filter_map(|step| match step {
+                LaneStep::Pass(pass) => Some(pass),
+                LaneStep::QuickStart => None,
+            })
+            .collect()
     }
 }
 
@@ -151,6 +183,16 @@ enum Scope {
 }
 
 impl Pass {
+    /// How many brokers a fresh Apache Kafka cluster for this pass has:
+    /// [`KAFKA_BROKERS`] for the whole suite (replication, leaders killed),
+    /// one for the tests about security (a handshake needs no replica).
+    fn kafka_brokers(self) -> u8 {
+        match self.scope {
+            Scope::Whole => KAFKA_BROKERS,
+            Scope::Security => 1,
+        }
+    }
+
     /// Every test `kind` can run, on the classic group protocol.
     fn whole(kind: Kind) -> Pass {
         Pass { kind, scope: Scope::Whole, protocol: GroupProtocol::Classic }
@@ -337,7 +379,7 @@ pub(crate) fn integration(choice: BrokerChoice, test_args: &[String]) -> anyhow:
 pub(crate) fn run_pass(pass: Pass, built: &Built, test_args: &[String]) -> anyhow::Result<()> {
     let name = pass.name();
     eprintln!("integration: the suite against {name}");
-    with_broker_of(pass.kind, |target| run_integration_tests(target, built, pass, test_args))
+    with_broker_of(pass.kind, pass.kafka_brokers(), |target| run_integration_tests(target, built, pass, test_args))
         .with_context(|| format!("the integration suite against {name}"))
 }
 
@@ -375,18 +417,13 @@ pub(crate) fn with_broker(
     work: impl FnOnce(&str) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let implementation = if std::env::var_os(BROKERS_ENV).is_some() { Implementation::Tansu } else { choose() };
-    with_broker_sized(Kind::plain(implementation), 1, |target| work(target.addr))
+    with_broker_of(Kind::plain(implementation), 1, |target| work(target.addr))
 }
 
 /// Like [`with_broker`], for a broker of `kind` (Apache Kafka: a cluster
-/// of [`KAFKA_BROKERS`]); a running broker of another kind is left alone
-/// and a fresh one of `kind` started beside it.
-pub(crate) fn with_broker_of(kind: Kind, work: impl FnOnce(&Target<'_>) -> anyhow::Result<()>) -> anyhow::Result<()> {
-    with_broker_sized(kind, KAFKA_BROKERS, work)
-}
-
-/// Like [`with_broker_of`], a fresh Apache Kafka having `kafka_brokers`.
-fn with_broker_sized(
+/// of `kafka_brokers`); a running broker of another kind is left alone and
+/// a fresh one of `kind` started beside it.
+fn with_broker_of(
     kind: Kind,
     kafka_brokers: u8,
     work: impl FnOnce(&Target<'_>) -> anyhow::Result<()>,
@@ -427,7 +464,7 @@ fn with_broker_sized(
     let broker = match kind.implementation {
         Implementation::Mock => Broker::start_mock(MOCK_BROKERS)?,
         Implementation::Docker => Broker::start_tansu(None)?,
-        Implementation::Kafka => Broker::start_kafka(kind, kafka_brokers, 1)?,
+        Implementation::Kafka => Broker::start_kafka(kind, kafka_brokers, 1, crate::kafka::JvmProfile::Tests)?,
         Implementation::Tansu => Broker::start_tansu_kind(kind, None)?,
     };
     eprintln!("started {} at {}", broker.describe(), broker.addr);
@@ -809,29 +846,27 @@ mod tests {
 
     #[test]
     fn the_gate_keeps_both_group_protocols_and_every_broker_and_the_full_run_every_test() {
-        let names = |lane: Lane, plan| lane.passes(plan).into_iter().map(|p| (p.name(), p.scope)).collect::<Vec<_>>();
-        let (whole, security) = (Scope::Whole, Scope::Security);
-        let kafka = |name: &str, scope| (name.to_owned(), scope);
+        let steps = |lane: Lane, plan| {
+            lane.steps(plan)
+                .into_iter()
+                .map(|step| match step {
+                    LaneStep::Pass(p) => format!("{} {:?} on {}", p.name(), p.scope, p.kafka_brokers()),
+                    LaneStep::QuickStart => "quick start".to_owned(),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(steps(Lane::Kafka, Plan::Gate), ["kafka Whole on 3", "kafka (consumer group protocol) Whole on 3"]);
         assert_eq!(
-            names(Lane::Kafka, Plan::Gate),
-            [
-                kafka("kafka", whole),
-                kafka("kafka (consumer group protocol)", whole),
-                kafka("kafka-sasl-tls", security),
-                kafka("kafka-mtls", security)
-            ]
+            steps(Lane::Mock, Plan::Gate),
+            ["mock Whole on 3", "quick start", "kafka-sasl-tls Security on 1", "kafka-mtls Security on 1"]
         );
         assert_eq!(
-            names(Lane::Kafka, Plan::Full),
-            [
-                kafka("kafka-sasl-tls", whole),
-                kafka("kafka (consumer group protocol)", whole),
-                kafka("kafka-mtls", security)
-            ]
+            steps(Lane::Kafka, Plan::Full),
+            ["kafka-sasl-tls Whole on 3", "kafka (consumer group protocol) Whole on 3"]
         );
+        assert_eq!(steps(Lane::Mock, Plan::Full), ["mock Whole on 3", "quick start", "kafka-mtls Security on 1"]);
         for plan in [Plan::Gate, Plan::Full] {
-            assert_eq!(names(Lane::Mock, plan), [kafka("mock", whole)]);
-            assert_eq!(names(Lane::Tansu, plan), [kafka("tansu", whole), kafka("tansu-sasl", security)]);
+            assert_eq!(steps(Lane::Tansu, plan), ["tansu Whole on 3", "tansu-sasl Security on 1"]);
         }
     }
 

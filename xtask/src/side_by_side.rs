@@ -66,7 +66,7 @@ pub(crate) fn spring(bench: &Path, orders: usize, partitions: i32) -> anyhow::Re
     ]))?;
     let jar = crate::spring::peer_jar()?;
     eprintln!("starting one Apache Kafka broker for the side by side...");
-    let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1)?;
+    let broker = Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1, crate::kafka::JvmProfile::Throughput)?;
     crate::interrupt::started(&broker);
     let result = (|| -> anyhow::Result<()> {
         let mut rows = Vec::new();

@@ -244,7 +244,9 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
                 broker.stop()?;
             }
             let broker = match args.broker.implementation() {
-                Implementation::Kafka => Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1)?,
+                Implementation::Kafka => {
+                    Broker::start_kafka(Kind::plain(Implementation::Kafka), 1, 1, crate::kafka::JvmProfile::Tests)?
+                }
                 _ => Broker::start_tansu(port_if_free(DEFAULT_BROKER_PORT))?,
             };
             broker.save()?;

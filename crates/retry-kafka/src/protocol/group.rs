@@ -546,16 +546,29 @@ impl GroupClient {
     /// The group's state as its coordinator names it (`Stable`,
     /// `PreparingRebalance`, `Reconciling`, `Empty`...) and how many members
     /// it has: ConsumerGroupDescribe for a group of the consumer group
-    /// protocol, DescribeGroups for a classic one.
+    /// protocol, DescribeGroups for a classic one. For a tool, a coordinator
+    /// that moved (or was not ready, as on a cluster just started) is found
+    /// again and asked again, twice at most.
     pub(crate) async fn describe(&mut self) -> Result<(String, usize)> {
+        asking_again!(self, self.describe_once().await)
+    }
+
+    async fn describe_once(&mut self) -> Result<(String, usize)> {
         let supported = self.coordinator().await?.version_of::<ConsumerGroupDescribeRequest>().is_ok();
         if supported {
             let request =
                 ConsumerGroupDescribeRequest::default().with_group_ids(vec![GroupId(str_bytes(&self.group_id))]);
             let result = async { self.coordinator().await?.send(&request).await }.await;
             let (response, _) = self.observe(result)?;
-            if let Some(group) = response.groups.first().filter(|g| g.error_code == 0) {
-                return Ok((group.group_state.to_string(), group.members.len()));
+            if let Some(group) = response.groups.first() {
+                let context = self.group_context();
+                match check("ConsumerGroupDescribe", || context, group.error_code) {
+                    Ok(()) => return Ok((group.group_state.to_string(), group.members.len())),
+                    // Not this coordinator's group any more: find it again.
+                    Err(e) if coordinator_moved(&e) => return self.observe(Err(e)),
+                    // A classic group: DescribeGroups tells.
+                    Err(_) => {}
+                }
             }
         }
         // A classic group (or a coordinator without the consumer group protocol).
@@ -568,7 +581,8 @@ impl GroupClient {
             api: "DescribeGroups",
             reason: format!("no answer for {context}"),
         })?;
-        check("DescribeGroups", || context, group.error_code)?;
+        let result = check("DescribeGroups", || context, group.error_code);
+        self.observe(result)?;
         Ok((group.group_state.to_string(), group.members.len()))
     }
 
@@ -612,14 +626,7 @@ impl GroupClient {
         member_id: &str,
         offsets: &BTreeMap<TopicPartition, (i64, Option<String>)>,
     ) -> Result<()> {
-        let asks_again = self.asks_again;
-        for pause in COORDINATOR_MOVED_PAUSES.into_iter().filter(|_| asks_again) {
-            match self.commit_once(generation_id, member_id, offsets).await {
-                Err(e) if coordinator_moved(&e) => tokio::time::sleep(pause).await,
-                other => return other,
-            }
-        }
-        self.commit_once(generation_id, member_id, offsets).await
+        asking_again!(self, self.commit_once(generation_id, member_id, offsets).await)
     }
 
     async fn commit_once(
@@ -683,14 +690,7 @@ impl GroupClient {
         &mut self,
         partitions: &[TopicPartition],
     ) -> Result<BTreeMap<TopicPartition, (Option<i64>, Option<String>)>> {
-        let asks_again = self.asks_again;
-        for pause in COORDINATOR_MOVED_PAUSES.into_iter().filter(|_| asks_again) {
-            match self.committed_once(partitions).await {
-                Err(e) if coordinator_moved(&e) => tokio::time::sleep(pause).await,
-                other => return other,
-            }
-        }
-        self.committed_once(partitions).await
+        asking_again!(self, self.committed_once(partitions).await)
     }
 
     async fn committed_once(
@@ -735,6 +735,31 @@ impl GroupClient {
 /// The pauses before asking a coordinator that moved again: a leader
 /// election among the brokers (Kafka's preferred-leader check, every five
 /// minutes) moves coordinators while the group goes on.
+/// Evaluates `$once` (a request of `$client`, awaited); for a tool, when the
+/// coordinator moved (or was not ready), finds it again and evaluates
+/// `$once` again, twice at most. (A macro: an async closure borrowing the
+/// client would not be `Send`.)
+macro_rules! asking_again {
+    ($client:ident, $once:expr) => {{
+        let mut answered = None;
+        let asks_again = $client.asks_again;
+        for pause in COORDINATOR_MOVED_PAUSES.into_iter().filter(|_| asks_again) {
+            match $once {
+                Err(e) if coordinator_moved(&e) => tokio::time::sleep(pause).await,
+                other => {
+                    answered = Some(other);
+                    break;
+                }
+            }
+        }
+        match answered {
+            Some(answer) => answer,
+            None => $once,
+        }
+    }};
+}
+use asking_again;
+
 const COORDINATOR_MOVED_PAUSES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(500)];
 
 /// Whether `e` says the coordinator moved or is not ready yet.
