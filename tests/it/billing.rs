@@ -35,12 +35,24 @@ pub(crate) struct Setup {
     pub(crate) partitions: i32,
     /// `RETRY_HEADER_STYLE`: `native`, or `spring` (Spring's headers and topic names).
     pub(crate) style: &'static str,
+    /// `BILLING_PROVIDER_TIMEOUT`: long enough by default that a provider
+    /// starved of the CPU by tests beside it still answers in time (a test
+    /// that counts its requests would see a retry); 1 s where a test is
+    /// about answers that come too late.
+    pub(crate) provider_timeout: &'static str,
 }
 
 impl Setup {
     pub(crate) fn new(name: &str) -> Setup {
         let topic = unique_topic(name);
-        Setup { group: format!("{topic}-billing"), topic, schedule: "200ms,400ms", partitions: 2, style: "native" }
+        Setup {
+            group: format!("{topic}-billing"),
+            topic,
+            schedule: "200ms,400ms",
+            partitions: 2,
+            style: "native",
+            provider_timeout: "5s",
+        }
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -93,7 +105,7 @@ impl Setup {
         let log = std::env::temp_dir().join(format!("{}-{}.log", self.topic, Uuid::new_v4()));
         let mut cmd = self.command(&["run"]);
         cmd.env("BILLING_PROVIDER_URL", provider.url())
-            .env("BILLING_PROVIDER_TIMEOUT", "1s")
+            .env("BILLING_PROVIDER_TIMEOUT", self.provider_timeout)
             .env("DLQ_POLL_INTERVAL", "200ms")
             .env("ADMIN_LISTEN", &admin)
             .env("OPERATOR_LISTEN", &operators)
@@ -700,7 +712,7 @@ async fn a_provider_answer_that_comes_too_late_is_retried_and_not_charged_twice(
     // The late answer comes 4 s after the first request: after the second
     // attempt (the 1 s timeout, then the first rung's 1 s), before the third
     // (the second rung's 4 s on top), with seconds to spare on either side.
-    let setup = Setup { schedule: "1s,4s", ..Setup::new("billing-late") };
+    let setup = Setup { schedule: "1s,4s", provider_timeout: "1s", ..Setup::new("billing-late") };
     setup.create_topics().await;
     let provider = FakeProvider::start(Faults::default()).await;
     let (late, late_json) = event(r#""42.00""#);
@@ -1252,7 +1264,12 @@ mod faults {
         const PARTITIONS: usize = 4;
         const PER_PARTITION: usize = 5_000;
         const ACKNOWLEDGED: i64 = 1_000;
-        let setup = Setup { schedule: "1s,2s", partitions: PARTITIONS as i32, ..Setup::new("billing-replay-scale") };
+        let setup = Setup {
+            schedule: "1s,2s",
+            partitions: PARTITIONS as i32,
+            provider_timeout: "1s",
+            ..Setup::new("billing-replay-scale")
+        };
         setup.create_topics().await;
         let provider = FakeProvider::start(Faults::default()).await;
         // The twenty pending charges time out together, which can engage the

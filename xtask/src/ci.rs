@@ -42,10 +42,11 @@ impl CiArgs {
     }
 }
 
-/// The steps of a run and how long each took, for the summary at its end.
+/// The steps of a run: how long each took and, for one that failed, why
+/// (printed again in the summary, where the end of a long log shows it).
 #[derive(Default)]
 struct Steps {
-    done: Vec<(String, Duration, bool)>,
+    done: Vec<(String, Duration, Option<String>)>,
 }
 
 impl Steps {
@@ -53,28 +54,43 @@ impl Steps {
     fn run<T>(&mut self, name: &str, work: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
         let started = Instant::now();
         let result = work();
-        self.done.push((name.to_owned(), started.elapsed(), result.is_ok()));
+        self.done.push((name.to_owned(), started.elapsed(), result.as_ref().err().map(|e| format!("{e:#}"))));
         result.with_context(|| format!("step `{name}`"))
     }
 
     /// Notes a step timed elsewhere (a lane's, read from its file).
-    fn add(&mut self, name: String, took: Duration, ok: bool) {
-        self.done.push((name, took, ok));
+    fn add(&mut self, name: String, took: Duration, error: Option<String>) {
+        self.done.push((name, took, error));
+    }
+
+    fn failed(&self) -> Vec<&str> {
+        self.done.iter().filter(|(_, _, error)| error.is_some()).map(|(name, _, _)| name.as_str()).collect()
     }
 
     fn print(&self, title: &str, total: Duration) {
         eprintln!("\n{title}:");
-        for (name, took, ok) in &self.done {
-            let mark = if *ok { "" } else { "  FAILED" };
+        for (name, took, error) in &self.done {
+            let mark = if error.is_some() { "  FAILED" } else { "" };
             eprintln!("  {:>7}  {name}{mark}", minutes(*took));
+            // Why, in a few lines: the step's own output is above.
+            for line in error.iter().flat_map(|e| e.lines()).filter(|l| !l.trim().is_empty()).take(WHY_LINES) {
+                eprintln!("           {line}");
+            }
         }
         eprintln!("  {:>7}  in all", minutes(total));
     }
 
     /// One line a step, for the parent run to read back.
     fn save(&self, path: &std::path::Path) -> anyhow::Result<()> {
-        let text: String =
-            self.done.iter().map(|(name, took, ok)| format!("{}\t{}\t{name}\n", took.as_millis(), ok)).collect();
+        let text: String = self
+            .done
+            .iter()
+            .map(|(name, took, error)| {
+                // Tabs separate the fields and newlines the steps.
+                let why = error.as_deref().map(|e| e.replace(['\t', '\n'], "\u{1f}"));
+                format!("{}\t{}\t{name}\t{}\n", took.as_millis(), error.is_none(), why.unwrap_or_default())
+            })
+            .collect();
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
     }
 
@@ -82,13 +98,17 @@ impl Steps {
     fn load(&mut self, lane: Lane, path: &std::path::Path) {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         for line in text.lines() {
-            let mut fields = line.splitn(3, '\t');
+            let mut fields = line.splitn(4, '\t');
             let (Some(ms), Some(ok), Some(name)) = (fields.next(), fields.next(), fields.next()) else { continue };
             let took = Duration::from_millis(ms.parse().unwrap_or(0));
-            self.add(format!("{} lane: {name}", lane.name()), took, ok == "true");
+            let error = (ok != "true").then(|| fields.next().unwrap_or("(no reason recorded)").replace('\u{1f}', "\n"));
+            self.add(format!("{} lane: {name}", lane.name()), took, error);
         }
     }
 }
+
+/// How many lines of a failed step's reason the summary shows.
+const WHY_LINES: usize = 12;
 
 /// `m:ss`.
 fn minutes(d: Duration) -> String {
@@ -149,10 +169,11 @@ fn checks_then_lanes(plan: Plan, steps: &mut Steps) -> anyhow::Result<()> {
     steps.run("tools of the integration suite", crate::integration::install_tools)?;
     let lanes = steps.run("integration lanes", || run_lanes(plan, tansu))?;
     for (lane, took, ok) in lanes {
-        steps.add(format!("{} lane", lane.name()), took, ok);
+        let error = (!ok).then(|| "a step of the lane failed (below)".to_owned());
+        steps.add(format!("{} lane", lane.name()), took, error);
         steps.load(lane, &lane_times(lane));
     }
-    let failed: Vec<&str> = steps.done.iter().filter(|(_, _, ok)| !ok).map(|(name, _, _)| name.as_str()).collect();
+    let failed = steps.failed();
     if !failed.is_empty() {
         bail!("failed: {}", failed.join(", "));
     }
@@ -232,13 +253,17 @@ fn run_lane(lane: Lane, plan: Plan) -> anyhow::Result<()> {
     let mut steps = Steps::default();
     let result = (|| {
         let built: Built = build_for_integration()?;
+        // A step that failed leaves the others to run: one run shows every failure.
         for step in lane.steps(plan) {
-            match step {
-                LaneStep::Pass(pass) => steps.run(&pass.name(), || run_pass(pass, &built, &[]))?,
-                LaneStep::QuickStart => steps.run("the quick start", crate::stack::rehearse)?,
-            }
+            let _ = match step {
+                LaneStep::Pass(pass) => steps.run(&pass.name(), || run_pass(pass, &built, &[])),
+                LaneStep::QuickStart => steps.run("the quick start", crate::stack::rehearse),
+            };
         }
-        Ok(())
+        match steps.failed()[..] {
+            [] => Ok(()),
+            ref failed => bail!("failed: {}", failed.join(", ")),
+        }
     })();
     let _ = std::fs::create_dir_all(state_dir());
     steps.save(&lane_times(lane))?;

@@ -262,9 +262,27 @@ pub(crate) fn up(args: &UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long `up` waits for a group coordinator on the broker.
+const COORDINATOR_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Topics, provider, token and settings, on a broker at `brokers`.
 fn start_the_rest(args: &UpArgs, brokers: &str, started_broker: bool) -> anyhow::Result<Stack> {
     let target = crate::paths::target_dir().join("debug");
+    // Ready means ready for a consumer group: on a broker just started, a
+    // first `billing-bin check` or `run` would otherwise meet a coordinator
+    // still loading (a cluster busy with other work takes seconds).
+    let mut not_yet = None;
+    let ready = process::wait_until(COORDINATOR_TIMEOUT, || match crate::probe::probe_coordinator(brokers) {
+        Ok(()) => true,
+        Err(e) => {
+            not_yet = Some(e);
+            false
+        }
+    });
+    if !ready {
+        let why = not_yet.map(|e| format!("{e:#}")).unwrap_or_default();
+        bail!("the broker at {brokers} has no group coordinator after {COORDINATOR_TIMEOUT:?}: {why}");
+    }
     let partitions = args.partitions.to_string();
     run(Command::new(target.join("billing-bin"))
         .args(["topics", "create", "--partitions", &partitions])
