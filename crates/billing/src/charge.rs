@@ -90,9 +90,13 @@ pub enum ChargeOutcome {
 ///     conflict) is transient.
 ///
 /// A record that failed carries its key and currency on
-/// ([`IDEMPOTENCY_KEY_HEADER`], [`CURRENCY_HEADER`]); a record that
-/// failed before without them (written by a version that keyed charges on
-/// the event id) is charged under its event id, as its first attempt was.
+/// ([`IDEMPOTENCY_KEY_HEADER`], [`CURRENCY_HEADER`]), and later attempts
+/// charge the same; a carried key that is neither the order id nor the
+/// event id (the key of an earlier version) is refused. A record on our
+/// ladder without one (written by a version that keyed charges on the event
+/// id) is charged under the order id once the provider said that nothing
+/// under its event id succeeded. A source record's own `billing-*` headers
+/// are ignored: only the ladder writes them.
 ///
 /// Before anything is sent, the event must pass the [`ChargeRules`]
 /// (currency accepted, decimals, maximum amount); breaking one is
@@ -311,6 +315,26 @@ impl ChargeHandler {
         }
     }
 
+    /// Whether a version that keyed charges by event id charged `event`
+    /// already: asks the provider about the event id as a key. Unknown, or
+    /// a charge that failed, is no; a succeeded charge of this order,
+    /// customer and amount is yes; pending, a charge of other terms or no
+    /// answer is the error [`confirm`](Self::confirm) gives.
+    async fn charged_under_event_id(&self, event: &OrderConfirmedEvent, money: &Money) -> Result<bool> {
+        let (order_id, event_id) = (event.order_id, event.event_id);
+        match self.confirm(event, money, &event.event_id.to_string()).await {
+            Ok(_) => {
+                tracing::info!(%order_id, %event_id, "already charged under its event id (a key of an earlier version)");
+                Ok(true)
+            }
+            Err(Error::UnknownKey { .. } | Error::EarlierChargeFailed { .. }) => Ok(false),
+            Err(error) => {
+                log_failure(&error, order_id, event_id);
+                Err(error)
+            }
+        }
+    }
+
     fn request_error(&self, error: reqwest::Error, method: &'static str, url: &Url) -> Error {
         let url = url.to_string();
         if error.is_timeout() {
@@ -340,8 +364,9 @@ impl RecordHandler for ChargeHandler {
             );
             Error::InvalidEvent(invalid)
         })?;
-        let (key, resolved) = terms_of(&event, &record)?;
-        let money = self.money(&event, resolved)?;
+        let terms = terms_of(&event, &record)?;
+        let money = self.money(&event, terms.currency)?;
+        let key = terms.key;
         // From its first failure on, the record carries what this attempt
         // charged under and in: later attempts charge the same.
         let carry = |error: Error| {
@@ -349,22 +374,50 @@ impl RecordHandler for ChargeHandler {
                 .with_header(IDEMPOTENCY_KEY_HEADER, key.as_bytes())
                 .with_header(CURRENCY_HEADER, money.currency.code())
         };
+        if terms.ask_under_event_id && self.charged_under_event_id(&event, &money).await.map_err(carry)? {
+            return Ok(());
+        }
         self.send(&event, &money, &key, record.trace.as_ref()).await.map_err(carry)?;
         Ok(())
     }
 }
 
-/// The idempotency key and the resolved currency a record's charge uses:
-/// what an earlier attempt carried in its headers, else the order id (the
-/// event id for a record on our ladder without them: an earlier version's
-/// key) and no currency (the event's own or the default). A record replayed
-/// to the source carries no retry headers; without a carried key it is
-/// charged under the order id, as Spring's listener charged it. (A dead
-/// letter of the version that keyed by event id keeps its key when
-/// replayed to the first retry topic, which writes our retry headers.)
-/// Headers that cannot be read are a permanent failure: charging under
-/// another key or currency than the first attempt could charge twice.
-fn terms_of(event: &OrderConfirmedEvent, record: &ConsumedRecord) -> Result<(String, Option<Currency>)> {
+/// What a record's charge is made under.
+#[derive(Debug, PartialEq)]
+struct Terms {
+    /// The idempotency key: the order id, or the event id an earlier
+    /// attempt of a version that keyed charges so carried.
+    key: String,
+    /// The currency an earlier attempt charged in, when carried with its key.
+    currency: Option<Currency>,
+    /// The record failed before on our ladder without carrying a key: a
+    /// version that keyed charges by event id may have charged it under
+    /// that id, which the provider is asked about before charging.
+    ask_under_event_id: bool,
+}
+
+/// The terms of a record's charge. The key is the order id on every path:
+/// one order, one charge, whatever event, attempt or replay carries it.
+///
+/// - A record on the source that never met the ladder (no retry header of
+///   ours or Spring's, attempt 1) is charged under its order id in its
+///   event's currency (or the default): its producer's `billing-*` headers
+///   are ignored, as only the ladder writes them.
+/// - A record from the ladder (a rung, a replay) charges under the key and
+///   currency its first attempt carried on: the order id, or the event id
+///   a version that keyed charges so carried. Any other carried key, or
+///   one that cannot be read, is a permanent failure: a key that is not
+///   this order's could charge it twice.
+/// - A record from our ladder without a carried key (a dead letter written
+///   before keys were carried, replayed) is charged under the order id once
+///   the provider said that no charge under its event id succeeded.
+fn terms_of(event: &OrderConfirmedEvent, record: &ConsumedRecord) -> Result<Terms> {
+    let ours = record.headers.iter().any(|(name, _)| retry_core::header_names::is_retry_header(name));
+    let springs = record.headers.iter().any(|(name, _)| retry_core::spring::header_names::is_spring_header(name));
+    let order_key = event.order_id.to_string();
+    if record.attempt <= 1 && !ours && !springs {
+        return Ok(Terms { key: order_key, currency: None, ask_under_event_id: false });
+    }
     let text = |name: &'static str| {
         record
             .headers
@@ -376,15 +429,17 @@ fn terms_of(event: &OrderConfirmedEvent, record: &ConsumedRecord) -> Result<(Str
             })
             .transpose()
     };
-    // Our retry headers without a carried key: attempts of a version that
-    // keyed charges by event id. Spring Kafka's retry headers without one:
-    // attempts of the Spring listener this service takes over, which keys
-    // them by order id, as this version does.
-    let failed_under_event_id_keys = record.headers.get(retry_core::header_names::ATTEMPT).is_some();
-    let key = match text(IDEMPOTENCY_KEY_HEADER)? {
-        Some(key) => key.to_owned(),
-        None if failed_under_event_id_keys => event.event_id.to_string(),
-        None => event.order_id.to_string(),
+    let Some(carried) = text(IDEMPOTENCY_KEY_HEADER)? else {
+        // No carried key, no carried currency either (it rides with its key).
+        return Ok(Terms { key: order_key, currency: None, ask_under_event_id: ours });
+    };
+    let event_key = event.event_id.to_string();
+    let key = match carried.parse::<Uuid>() {
+        Ok(id) if id == event.order_id => order_key,
+        Ok(id) if id == event.event_id => event_key,
+        _ => {
+            return Err(Error::BadCarriedHeader { header: IDEMPOTENCY_KEY_HEADER, value: excerpt(carried, 64) });
+        }
     };
     let currency = text(CURRENCY_HEADER)?
         .map(|code| {
@@ -392,7 +447,7 @@ fn terms_of(event: &OrderConfirmedEvent, record: &ConsumedRecord) -> Result<(Str
                 .map_err(|_| Error::BadCarriedHeader { header: CURRENCY_HEADER, value: excerpt(code, 64) })
         })
         .transpose()?;
-    Ok((key, currency))
+    Ok(Terms { key, currency, ask_under_event_id: false })
 }
 
 /// What an answer of the provider that is not a success means for a

@@ -86,9 +86,9 @@ pub enum Error {
     },
 
     /// A header an earlier attempt wrote (its idempotency key, its
-    /// currency) cannot be read: charging under another key or currency
-    /// could charge twice.
-    #[error("the record's {header} header {value:?} cannot be read: not charged, since another key or currency than its first attempt's could charge twice")]
+    /// currency) cannot be read, or names a key that is not this order's:
+    /// charging under another key or currency could charge twice.
+    #[error("the record's {header} header {value:?} cannot be used: not charged, since a key that is not this order's, or another key or currency than its first attempt's, could charge twice")]
     BadCarriedHeader {
         /// The header.
         header: &'static str,

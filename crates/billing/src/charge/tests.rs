@@ -500,13 +500,59 @@ async fn a_conflict_confirmed_slowly_fits_in_the_time_a_call_needs() {
     assert_eq!(outcome, Ok(Ok(())), "within {:?}", handler.time_needed());
 }
 
+/// A dead letter of the version that keyed charges by event id, replayed
+/// without a carried key: what the provider says of the event id decides.
+/// A succeeded charge of this order is the charge (nothing is sent); a
+/// pending one is waited for; a failed or unknown one is charged under the
+/// order id; one of another order needs a person.
+#[tokio::test]
+async fn a_keyless_dead_letter_of_an_earlier_version_is_not_charged_twice() {
+    let legacy = || {
+        let mut r = record(Some(event_json("120.50").as_bytes()));
+        r.attempt = 2;
+        r.headers.insert("x-retry-attempt", "1");
+        r.headers.insert("x-replay-count", "1");
+        r
+    };
+    let under_event = |status: &str| answer(200, &status_body(ORDER_ID, "120.50", "EUR", status));
+    let other_order = "7a7a7a7a-7a7a-4a7a-8a7a-7a7a7a7a7a7a";
+    type Case<'a> = (&'a str, Answer, Option<FailureKind>, bool);
+    let table: Vec<Case<'_>> = vec![
+        ("charged under its event id", under_event("succeeded"), None, false),
+        ("still pending under its event id", under_event("pending"), Some(FailureKind::Transient), false),
+        ("failed under its event id", under_event("failed"), None, true),
+        ("unknown under its event id", answer(404, ""), None, true),
+        ("the provider cannot say", answer(503, ""), Some(FailureKind::Transient), false),
+        (
+            "another order under its event id",
+            answer(200, &status_body(other_order, "120.50", "EUR", "succeeded")),
+            Some(FailureKind::Permanent),
+            false,
+        ),
+    ];
+    for (case, get, failure, posted) in table {
+        let mut provider = FakeProvider::start_with(answer(201, ""), get).await;
+        let handler = provider.handler("", Duration::from_secs(10));
+        let outcome = bounded(handler.handle(legacy())).await;
+        assert_eq!(outcome.as_ref().err().map(HandlerError::kind), failure, "{case}: {outcome:?}");
+        let question = provider.requests.try_recv().expect("a question about the event id");
+        assert_eq!((question.method, question.path), (Method::GET, format!("/charges/{EVENT_ID}")), "{case}");
+        let charge = provider.requests.try_recv().ok();
+        assert_eq!(charge.as_ref().map(|c| c.idempotency_key.as_deref()), posted.then_some(Some(ORDER_ID)), "{case}");
+        assert!(provider.requests.try_recv().is_err(), "{case}: nothing more");
+    }
+}
+
 /// One order, one charge: the key is the order id, so a second event for
 /// the same order is a conflict the provider confirms, not a new charge. A
 /// failure carries the key and currency its attempt used; later attempts
-/// use them, whatever the defaults are by then; a record on our ladder
-/// without them (an earlier version) keeps its event id as key, one on
-/// Spring's the order id Spring charged under; carried headers that cannot
-/// be read charge nothing.
+/// use them, whatever the defaults are by then (a carried event id is the
+/// key of an earlier version); a record on our ladder without them (an
+/// earlier version's dead letter, replayed) is charged under the order id
+/// after the provider said that its event id is unknown, one on Spring's
+/// under the order id Spring charged under; a source record's own
+/// `billing-*` headers are ignored; carried headers that cannot be read,
+/// or a key that is not the order's, charge nothing.
 #[tokio::test]
 async fn later_attempts_charge_under_the_first_attempt_s_key_and_currency() {
     const OTHER_EVENT: &str = "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f";
@@ -520,28 +566,60 @@ async fn later_attempts_charge_under_the_first_attempt_s_key_and_currency() {
         r
     };
     let first = event_json("120.50");
-    type Case<'a> = (&'a str, ConsumedRecord, &'a str, &'a str);
+    // (case, record, the key charged under, its currency, whether the
+    // provider was asked about the event id first)
+    type Case<'a> = (&'a str, ConsumedRecord, &'a str, &'a str, bool);
     let table: Vec<Case<'_>> = vec![
-        ("first attempt", with(&first, 1, &[]), ORDER_ID, "EUR"),
-        ("another event of the same order", with(&second_event, 1, &[]), ORDER_ID, "EUR"),
+        ("first attempt", with(&first, 1, &[]), ORDER_ID, "EUR", false),
+        ("another event of the same order", with(&second_event, 1, &[]), ORDER_ID, "EUR", false),
         (
             "a rung, as carried",
             with(&first, 2, &[("billing-idempotency-key", ORDER_ID), ("billing-currency", "USD")]),
             ORDER_ID,
             "USD",
+            false,
         ),
-        ("a rung, from before the order-id key", with(&first, 3, &[("x-retry-attempt", "2")]), EVENT_ID, "EUR"),
-        ("a rung of Spring's", with(&first, 2, &[("kafka_original-topic", "orders")]), ORDER_ID, "EUR"),
-        ("a replay without a carried key", with(&first, 1, &[("x-replay-count", "1")]), ORDER_ID, "EUR"),
+        (
+            "a rung, with an earlier version's event-id key carried",
+            with(&first, 3, &[("x-retry-attempt", "2"), ("billing-idempotency-key", EVENT_ID)]),
+            EVENT_ID,
+            "EUR",
+            false,
+        ),
+        ("a rung, from before keys were carried", with(&first, 3, &[("x-retry-attempt", "2")]), ORDER_ID, "EUR", true),
+        (
+            "a first-rung replay of a keyless dead letter",
+            with(&first, 2, &[("x-retry-attempt", "1"), ("x-replay-count", "1")]),
+            ORDER_ID,
+            "EUR",
+            true,
+        ),
+        ("a rung of Spring's", with(&first, 2, &[("kafka_original-topic", "orders")]), ORDER_ID, "EUR", false),
+        ("a replay without a carried key", with(&first, 1, &[("x-replay-count", "1")]), ORDER_ID, "EUR", true),
         (
             "a replay, as carried",
             with(&first, 1, &[("x-replay-count", "1"), ("billing-idempotency-key", ORDER_ID)]),
             ORDER_ID,
             "EUR",
+            false,
+        ),
+        (
+            "a producer's key and currency on the source",
+            with(&first, 1, &[("billing-idempotency-key", "f00"), ("billing-currency", "USD")]),
+            ORDER_ID,
+            "EUR",
+            false,
+        ),
+        (
+            "a currency carried without its key",
+            with(&first, 2, &[("x-retry-attempt", "1"), ("billing-currency", "USD")]),
+            ORDER_ID,
+            "EUR",
+            true,
         ),
     ];
-    for (case, record, key, currency) in table {
-        let mut provider = FakeProvider::start(answer(503, "")).await;
+    for (case, record, key, currency, asked) in table {
+        let mut provider = FakeProvider::start_with(answer(503, ""), answer(404, "")).await;
         let rules = ChargeRules::new(
             vec!["EUR".parse().unwrap(), "USD".parse().unwrap()],
             crate::MaxAmount::Every(10_000.into()),
@@ -557,7 +635,12 @@ async fn later_attempts_charge_under_the_first_attempt_s_key_and_currency() {
         )
         .unwrap();
         let error = bounded(handler.handle(record)).await.unwrap_err();
+        if asked {
+            let question = provider.requests.try_recv().expect("a question about the event id");
+            assert_eq!((question.method, question.path), (Method::GET, format!("/charges/{EVENT_ID}")), "{case}");
+        }
         let seen = provider.only_request();
+        assert_eq!(seen.method, Method::POST, "{case}");
         assert_eq!(
             (seen.idempotency_key.as_deref(), seen.body["currency"].as_str()),
             (Some(key), Some(currency)),
@@ -568,13 +651,17 @@ async fn later_attempts_charge_under_the_first_attempt_s_key_and_currency() {
         assert_eq!(carried.get("billing-idempotency-key"), Some(key.as_bytes()), "{case}");
         assert_eq!(carried.get("billing-currency"), Some(currency.as_bytes()), "{case}");
     }
-    // Carried headers that cannot be read: nothing is sent.
-    for headers in [[("billing-currency", "euros")], [("billing-idempotency-key", " ")]] {
+    // Carried headers that cannot be read, a key that is not this order's:
+    // nothing is sent.
+    let other_key = format!("billing-idempotency-key={OTHER_EVENT}");
+    for headers in ["billing-idempotency-key=f00", &other_key, "billing-currency=euros", "billing-idempotency-key= "] {
+        let (name, value) = headers.split_once('=').unwrap();
+        let headers = [("billing-idempotency-key", ORDER_ID), (name, value)];
         let mut provider = FakeProvider::start(answer(201, "")).await;
         let handler = provider.handler("", Duration::from_secs(10));
         let error = bounded(handler.handle(with(&first, 2, &headers))).await.unwrap_err();
         assert_eq!(error.kind(), FailureKind::Permanent, "{headers:?}");
-        assert!(error.message().contains("cannot be read"), "{}", error.message());
+        assert!(error.message().contains("cannot be used"), "{}", error.message());
         assert!(provider.requests.try_recv().is_err(), "{headers:?}: nothing sent");
     }
 }
