@@ -9,9 +9,42 @@ use std::{
 
 use anyhow::{bail, Context};
 
+/// A port free on loopback now, for a broker that binds it seconds later
+/// (a JVM starting): drawn below the kernel's ephemeral range, where no
+/// outgoing connection takes it meanwhile (the tests beside it open
+/// thousands), else, failing that, any free port.
 pub(crate) fn free_port() -> anyhow::Result<u16> {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    const LOWEST: u16 = 10_000;
+    if ephemeral_low > LOWEST + 1_000 {
+        let span = u64::from(ephemeral_low - LOWEST);
+        let mut draw = random_seed();
+        for _ in 0..64 {
+            // xorshift: enough to spread concurrent runs over the span.
+            draw ^= draw << 13;
+            draw ^= draw >> 7;
+            draw ^= draw << 17;
+            let port = LOWEST + (draw % span) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port on 127.0.0.1")?;
     Ok(listener.local_addr()?.port())
+}
+
+/// A seed that differs between calls and processes.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher
+        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher.finish() | 1
 }
 
 /// The first IPv4 address of `addr` (where our brokers listen), else its first.
