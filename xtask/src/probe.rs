@@ -28,7 +28,11 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
             draw ^= draw >> 7;
             draw ^= draw << 17;
             let port = LOWEST + (draw % span) as u16;
-            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            // Never the same port twice in one run: a cluster's nodes
+            // draw theirs before any binds it.
+            let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.insert(port);
                 return Ok(port);
             }
         }
@@ -36,6 +40,10 @@ pub(crate) fn free_port() -> anyhow::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port on 127.0.0.1")?;
     Ok(listener.local_addr()?.port())
 }
+
+/// The ports [`free_port`] drew in this process.
+static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 /// A seed that differs between calls and processes.
 fn random_seed() -> u64 {
